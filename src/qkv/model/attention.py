@@ -1,0 +1,142 @@
+"""Multi-head scaled dot-product attention: softmax(Q K^T / sqrt(K)) V, in H heads.
+
+Two paths, one module: the fused `F.scaled_dot_product_attention` for speed, and an eager path
+that also returns the per-head softmax weights (for pictures and tests). Both compute the same
+numbers (tested). Projections are packed: one (D -> 3D) matmul for self-attention, one (D -> 2D)
+for the keys and values of cross-attention, both slices of one `in_proj` weight, laid out like
+`torch.nn.MultiheadAttention`'s `in_proj_weight` (rows: query, key, value).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from qkv.model.kv_cache import KVCache
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention whose queries and keys/values may have different lengths.
+
+    Args:
+        d_model: width D of inputs and output.
+        n_heads: number of heads H; D must divide by H.
+        dropout: dropout on the attention weights (training only).
+        bias: whether the projections have biases.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True):
+        super().__init__()
+        if d_model % n_heads != 0:
+            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
+        self.dropout = dropout
+        self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)  # [q; k; v] rows
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+
+    def _split_heads(self, x: Tensor) -> Tensor:
+        batch, length, _ = x.shape
+        return x.view(batch, length, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, L, K)
+
+    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention projections in one matmul: x (B, L, D) -> q, k, v each (B, H, L, K)."""
+        qkv = self.in_proj(x)  # (B, L, 3D)
+        q, k, v = qkv.chunk(3, dim=-1)  # 3 x (B, L, D)
+        return self._split_heads(q), self._split_heads(k), self._split_heads(v)
+
+    def project_q(self, x: Tensor) -> Tensor:
+        """Query projection only: x (B, T, D) -> (B, H, T, K)."""
+        d = self.d_model
+        bias = None if self.in_proj.bias is None else self.in_proj.bias[:d]
+        return self._split_heads(F.linear(x, self.in_proj.weight[:d], bias))  # (B, H, T, K)
+
+    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Key and value projections in one matmul: memory (B, S, D) -> k, v each (B, H, S, K)."""
+        d = self.d_model
+        bias = None if self.in_proj.bias is None else self.in_proj.bias[d:]
+        kv = F.linear(memory, self.in_proj.weight[d:], bias)  # (B, S, 2D)
+        k, v = kv.chunk(2, dim=-1)  # 2 x (B, S, D)
+        return self._split_heads(k), self._split_heads(v)
+
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, need_weights: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attention over projected heads, then the output projection.
+
+        Args:
+            q: (B, H, T, K); k, v: (B, H, S, K).
+            mask: bool, True = may attend, broadcastable to (B, H, T, S), or None.
+            need_weights: also return the softmax weights (eager path).
+
+        Returns:
+            output (B, T, D) and weights (B, H, T, S) or None. Rows with nothing to attend
+            to give zeros.
+        """
+        dropout_p = self.dropout if self.training else 0.0
+        if need_weights:
+            context, weights = eager_attention(q, k, v, mask, dropout_p)  # (B, H, T, K)
+        else:
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+            weights = None
+        batch, _, length, _ = context.shape
+        merged = context.transpose(1, 2).reshape(batch, length, self.d_model)  # (B, T, D)
+        return self.out_proj(merged), weights
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Tensor | None = None,
+        need_weights: bool = False,
+        cache: KVCache | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend from `query` (B, T, D) to `key`/`value` (B, S, D).
+
+        Self-attention (query is key is value) uses one packed projection; when `key is value`
+        the keys and values share one. With a `cache`, the new keys/values are appended to it
+        and the queries attend to everything cached so far (incremental decoding).
+
+        Returns:
+            output (B, T, D) and weights (B, H, T, S) when `need_weights`, else None.
+        """
+        if query is key and key is value:
+            q, k, v = self.project_qkv(query)  # (B, H, T, K) each
+        else:
+            q = self.project_q(query)  # (B, H, T, K)
+            if key is value:
+                k, v = self.project_kv(key)  # (B, H, S, K) each
+            else:
+                k = self._split_heads(self._project_slice(key, 1))  # (B, H, S, K)
+                v = self._split_heads(self._project_slice(value, 2))  # (B, H, S, K)
+        if cache is not None:
+            k, v = cache.append(k, v)  # (B, H, S_cached, K)
+        return self.attend(q, k, v, mask, need_weights)
+
+    def _project_slice(self, x: Tensor, index: int) -> Tensor:
+        d = self.d_model
+        rows = slice(index * d, (index + 1) * d)
+        bias = None if self.in_proj.bias is None else self.in_proj.bias[rows]
+        return F.linear(x, self.in_proj.weight[rows], bias)  # (B, L, D)
+
+
+def eager_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float = 0.0
+) -> tuple[Tensor, Tensor]:
+    """softmax(Q K^T / sqrt(K)) V written out, returning the weights too.
+
+    Args:
+        q: (B, H, T, K); k, v: (B, H, S, K); mask: bool broadcastable to (B, H, T, S).
+
+    Returns:
+        context (B, H, T, K) and weights (B, H, T, S); fully masked rows get zero weights.
+    """
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, T, S)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # (B, H, T, S)
+    dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
+    return dropped @ v, weights  # (B, H, T, K), (B, H, T, S)

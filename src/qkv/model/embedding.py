@@ -1,0 +1,104 @@
+"""Token embeddings (a lookup table scaled by sqrt(d_model)) and positional encodings."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+
+class TokenEmbedding(nn.Module):
+    """Lookup table whose vectors are multiplied by sqrt(D), as in the paper (section 3.4)."""
+
+    def __init__(self, vocab_size: int, d_model: int, pad_id: int) -> None:
+        super().__init__()
+        self.table = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
+        self.scale = math.sqrt(d_model)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        """ids (B, L) -> (B, L, D)."""
+        return self.table(ids) * self.scale
+
+
+def sinusoid_table(max_len: int, d_model: int) -> Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(pos / 10000^(2i/D)).
+
+    Returns:
+        (max_len, D) float table.
+    """
+    position = torch.arange(max_len, dtype=torch.float64)[:, None]  # (L, 1)
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (D/2,)
+    angle = position / torch.pow(10000.0, two_i / d_model)  # (L, D/2)
+    table = torch.zeros(max_len, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(angle)
+    table[:, 1::2] = torch.cos(angle[:, : d_model // 2])
+    return table.float()
+
+
+class SinusoidalPositions(nn.Module):
+    """Fixed sinusoidal positions: a buffer, never trained, not saved in checkpoints."""
+
+    table: Tensor
+
+    def __init__(self, max_len: int, d_model: int) -> None:
+        super().__init__()
+        self.register_buffer("table", sinusoid_table(max_len, d_model), persistent=False)
+
+    def forward(self, length: int, offset: int = 0) -> Tensor:
+        """Positions offset .. offset+length-1 -> (length, D)."""
+        return self.table[offset : offset + length]
+
+
+class LearnedPositions(nn.Module):
+    """One trained vector per position."""
+
+    def __init__(self, max_len: int, d_model: int) -> None:
+        super().__init__()
+        self.table = nn.Embedding(max_len, d_model)
+
+    def forward(self, length: int, offset: int = 0) -> Tensor:
+        """Positions offset .. offset+length-1 -> (length, D)."""
+        return self.table.weight[offset : offset + length]
+
+
+class Embeddings(nn.Module):
+    """Token embedding + positional encoding, then dropout."""
+
+    def __init__(
+        self, token: TokenEmbedding, positions: nn.Module, dropout: float, max_len: int
+    ) -> None:
+        super().__init__()
+        self.token = token
+        self.positions = positions
+        self.dropout = nn.Dropout(dropout)
+        self.max_len = max_len
+
+    def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
+        """ids (B, L), first position `offset` -> (B, L, D)."""
+        length = ids.size(1)
+        if offset + length > self.max_len:
+            raise ValueError(
+                f"sequence of {offset + length} positions exceeds the model's max_len "
+                f"({self.max_len})"
+            )
+        return self.dropout(self.token(ids) + self.positions(length, offset))
+
+
+def make_embeddings(
+    vocab_size: int,
+    d_model: int,
+    pad_id: int,
+    dropout: float,
+    max_len: int,
+    positions: str,
+    token: TokenEmbedding | None = None,
+) -> Embeddings:
+    """Build `Embeddings`, optionally around an existing (shared) token table."""
+    token = token or TokenEmbedding(vocab_size, d_model, pad_id)
+    table: nn.Module = (
+        SinusoidalPositions(max_len, d_model)
+        if positions == "sinusoidal"
+        else LearnedPositions(max_len, d_model)
+    )
+    return Embeddings(token, table, dropout, max_len)

@@ -1,0 +1,43 @@
+"""Attention masks, built here and nowhere else.
+
+One convention for the whole package: boolean, True = may attend. Padding masks broadcast over
+heads and queries, causal masks over batch and heads, and the two combine with `&`. This is the
+form `torch.nn.functional.scaled_dot_product_attention` takes.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def padding_mask(ids: Tensor, pad_id: int) -> Tensor:
+    """Mask out padding keys.
+
+    Args:
+        ids: token ids (B, S).
+        pad_id: the padding id.
+
+    Returns:
+        (B, 1, 1, S) bool, True where the key is a real token.
+    """
+    return (ids != pad_id)[:, None, None, :]  # (B, 1, 1, S)
+
+
+def causal_mask(length: int, device: torch.device | None = None) -> Tensor:
+    """Mask out future positions ("subsequent" mask of the decoder).
+
+    Returns:
+        (1, 1, T, T) bool, True on and below the diagonal.
+    """
+    ones = torch.ones(length, length, dtype=torch.bool, device=device)
+    return torch.tril(ones)[None, None]  # (1, 1, T, T)
+
+
+def decoder_self_mask(tgt_ids: Tensor, pad_id: int) -> Tensor:
+    """Causal mask combined with the target padding mask.
+
+    Returns:
+        (B, 1, T, T) bool.
+    """
+    return padding_mask(tgt_ids, pad_id) & causal_mask(tgt_ids.size(1), tgt_ids.device)

@@ -1,0 +1,110 @@
+"""The encoder-decoder Transformer for sequence-to-sequence tasks such as translation."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from qkv.model.config import ModelConfig
+from qkv.model.decoder import Decoder
+from qkv.model.embedding import TokenEmbedding, make_embeddings
+from qkv.model.encoder import Encoder
+from qkv.model.init import xavier_init
+from qkv.model.kv_cache import DecoderCache, KVCache
+from qkv.model.maps import AttentionMaps
+from qkv.model.masks import decoder_self_mask, padding_mask
+
+
+class Seq2SeqTransformer(nn.Module):
+    """Encoder, decoder and output projection (Figure 1 of the paper).
+
+    With a joint vocabulary and `tie_embeddings`, the source embedding, target embedding and
+    output projection share one matrix (section 3.4).
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        if config.n_decoder_layers < 1:
+            raise ValueError("a sequence-to-sequence model needs n_decoder_layers >= 1")
+        self.config = config
+        c = config
+        tie = c.tie_embeddings and c.joint_vocab
+        src_token = TokenEmbedding(c.vocab_size, c.d_model, c.pad_id)
+        tgt_token = src_token if tie else TokenEmbedding(c.target_vocab_size, c.d_model, c.pad_id)
+        self.encoder = Encoder(
+            c,
+            make_embeddings(
+                c.vocab_size, c.d_model, c.pad_id, c.dropout, c.max_len, c.positions, src_token
+            ),
+        )
+        self.decoder = Decoder(
+            c,
+            make_embeddings(
+                c.target_vocab_size,
+                c.d_model,
+                c.pad_id,
+                c.dropout,
+                c.max_len,
+                c.positions,
+                tgt_token,
+            ),
+        )
+        self.output = nn.Linear(c.d_model, c.target_vocab_size, bias=False)
+        xavier_init(self, c.pad_id)
+        if tie:
+            self.output.weight = tgt_token.table.weight
+
+    def encode(
+        self, src_ids: Tensor, need_weights: bool = False
+    ) -> tuple[Tensor, Tensor, list[Tensor]]:
+        """src_ids (B, S) -> memory (B, S, D), source mask (B, 1, 1, S), encoder maps."""
+        src_mask = padding_mask(src_ids, self.config.pad_id)  # (B, 1, 1, S)
+        memory, maps = self.encoder(src_ids, src_mask, need_weights)  # (B, S, D)
+        return memory, src_mask, maps
+
+    def decode(self, tgt_ids: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
+        """tgt_ids (B, T), memory (B, S, D) -> decoder states (B, T, D)."""
+        self_mask = decoder_self_mask(tgt_ids, self.config.pad_id)  # (B, 1, T, T)
+        states, _, _ = self.decoder(tgt_ids, memory, self_mask, src_mask)
+        return states
+
+    def hidden(self, src_ids: Tensor, tgt_ids: Tensor) -> Tensor:
+        """Decoder states (B, T, D) before the output projection (the loss projects only
+        non-pad rows, which saves the largest matmul on padding)."""
+        memory, src_mask, _ = self.encode(src_ids)
+        return self.decode(tgt_ids, memory, src_mask)
+
+    def forward(self, src_ids: Tensor, tgt_ids: Tensor) -> Tensor:
+        """src_ids (B, S), tgt_ids (B, T) (BOS-prefixed) -> next-token logits (B, T, V)."""
+        return self.output(self.hidden(src_ids, tgt_ids))  # (B, T, V)
+
+    def forward_with_maps(self, src_ids: Tensor, tgt_ids: Tensor) -> tuple[Tensor, AttentionMaps]:
+        """Logits (B, T, V) and every attention map, from the weights path."""
+        memory, src_mask, encoder_maps = self.encode(src_ids, need_weights=True)
+        self_mask = decoder_self_mask(tgt_ids, self.config.pad_id)  # (B, 1, T, T)
+        states, self_maps, cross_maps = self.decoder(
+            tgt_ids, memory, self_mask, src_mask, need_weights=True
+        )
+        return self.output(states), AttentionMaps(encoder_maps, self_maps, cross_maps)
+
+    def init_cache(self, memory: Tensor, src_mask: Tensor, max_len: int) -> DecoderCache:
+        """A cache for decoding up to `max_len` steps from memory (N, S, D); cross-attention
+        keys and values are computed here, once per source."""
+        c = self.config
+        head_dim = c.d_model // c.n_heads
+        cross = self.decoder.cross_keys_values(memory)
+        self_attn = [
+            KVCache(memory.size(0), c.n_heads, head_dim, max_len, memory.dtype, memory.device)
+            for _ in self.decoder.layers
+        ]
+        return DecoderCache(self_attn, [k for k, _ in cross], [v for _, v in cross], src_mask)
+
+    def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
+        """tokens (N,), the newest of each row -> next-token logits (N, V)."""
+        states = self.decoder.step(tokens[:, None], cache)  # (N, 1, D)
+        return self.output(states[:, 0])  # (N, V)
+
+    @torch.no_grad()
+    def num_parameters(self, trainable_only: bool = True) -> int:
+        """Count parameters once each (shared tables count once)."""
+        return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)

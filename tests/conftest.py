@@ -1,0 +1,28 @@
+"""Shared test settings: deterministic, two threads at most."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+DATA_DIR = Path(
+    os.environ.get("QKV_DATA", Path(__file__).resolve().parents[1] / ".." / "shared" / "data")
+)
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)
+
+
+@pytest.fixture
+def data_dir() -> Path:
+    """The real data sets; tests using them skip when they are absent."""
+    if not (DATA_DIR / "multi30k").is_dir():
+        pytest.skip(f"real data sets not found under {DATA_DIR} (set QKV_DATA)")
+    return DATA_DIR

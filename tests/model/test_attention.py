@@ -1,0 +1,86 @@
+import pytest
+import torch
+from torch import nn
+
+from qkv.model.attention import MultiHeadAttention
+from qkv.model.masks import padding_mask
+
+
+def test_cross_attention_shapes_from_the_tutorial() -> None:
+    attn = MultiHeadAttention(d_model=300, n_heads=6)
+    query = torch.randn(64, 12, 300)
+    memory = torch.randn(64, 10, 300)
+    out, weights = attn(query, memory, memory)
+    assert out.shape == (64, 12, 300)
+    assert weights is None
+    out, weights = attn(query, memory, memory, need_weights=True)
+    assert weights is not None and weights.shape == (64, 6, 12, 10)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(64, 6, 12))
+
+
+def test_rejects_indivisible_heads() -> None:
+    with pytest.raises(ValueError, match="divisible"):
+        MultiHeadAttention(d_model=10, n_heads=3)
+
+
+@pytest.mark.parametrize("cross", [False, True])
+def test_weights_path_equals_fast_path(cross: bool) -> None:
+    attn = MultiHeadAttention(32, 4).eval()
+    x = torch.randn(3, 7, 32)
+    memory = torch.randn(3, 5, 32) if cross else x
+    ids = torch.tensor([[1] * 5, [1] * 3 + [0] * 2, [1] * 1 + [0] * 4])
+    mask = padding_mask(ids, 0) if cross else None
+    fast, _ = attn(x, memory, memory, mask)
+    eager, weights = attn(x, memory, memory, mask, need_weights=True)
+    torch.testing.assert_close(fast, eager, atol=1e-5, rtol=1e-5)
+    assert weights is not None
+    if cross:
+        assert mask is not None
+        assert torch.all(weights.masked_select(~mask.expand_as(weights)) == 0)
+
+
+def test_separate_key_and_value_inputs() -> None:
+    attn = MultiHeadAttention(16, 2).eval()
+    q, k, v = torch.randn(2, 3, 16), torch.randn(2, 4, 16), torch.randn(2, 4, 16)
+    fast, _ = attn(q, k, v)
+    eager, _ = attn(q, k, v, need_weights=True)
+    torch.testing.assert_close(fast, eager, atol=1e-5, rtol=1e-5)
+
+
+def test_equals_torch_multihead_attention() -> None:
+    ours = MultiHeadAttention(32, 4).eval()
+    reference = nn.MultiheadAttention(32, 4, batch_first=True).eval()
+    with torch.no_grad():
+        reference.in_proj_weight.copy_(ours.in_proj.weight)
+        reference.in_proj_bias.copy_(ours.in_proj.bias)
+        reference.out_proj.weight.copy_(ours.out_proj.weight)
+        reference.out_proj.bias.copy_(ours.out_proj.bias)
+    x, memory = torch.randn(2, 6, 32), torch.randn(2, 9, 32)
+    key_padding = torch.zeros(2, 9, dtype=torch.bool)
+    key_padding[1, 6:] = True  # torch: True = ignore
+    for query, kv in ((x, x), (x, memory)):
+        mask = None if kv is x else ~key_padding[:, None, None, :]
+        expected, expected_weights = reference(
+            query,
+            kv,
+            kv,
+            key_padding_mask=None if kv is x else key_padding,
+            average_attn_weights=False,
+        )
+        ours_out, ours_weights = ours(query, kv, kv, mask, need_weights=True)
+        fast_out, _ = ours(query, kv, kv, mask)
+        torch.testing.assert_close(ours_out, expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(fast_out, expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ours_weights, expected_weights, atol=1e-5, rtol=1e-5)
+
+
+def test_fully_masked_rows_are_finite_zeros() -> None:
+    attn = MultiHeadAttention(16, 2).eval()
+    x = torch.randn(2, 3, 16)
+    mask = torch.ones(2, 1, 1, 3, dtype=torch.bool)
+    mask[1] = False
+    for need_weights in (False, True):
+        out, _ = attn(x, x, x, mask, need_weights=need_weights)
+        assert torch.isfinite(out).all()
+        # nothing to attend to: the context is zero, so the output is the output bias
+        torch.testing.assert_close(out[1], attn.out_proj.bias.expand(3, 16))

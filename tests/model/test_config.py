@@ -1,0 +1,34 @@
+import pytest
+
+from qkv.errors import ConfigError
+from qkv.model.config import ModelConfig
+from qkv.model.seq2seq import Seq2SeqTransformer
+from qkv.presets import model_preset, transformer_base
+
+
+def test_indivisible_heads_are_explained() -> None:
+    with pytest.raises(ConfigError, match=r"d_model \(100\) must be divisible by n_heads \(3\)"):
+        ModelConfig(d_model=100, n_heads=3)
+
+
+@pytest.mark.parametrize(
+    "field,value", [("dropout", 1.5), ("activation", "tanh"), ("vocab_size", 0), ("pooling", "max")]
+)
+def test_bad_values_are_rejected(field: str, value: object) -> None:
+    with pytest.raises(ConfigError):
+        ModelConfig(**{field: value})  # type: ignore[arg-type]
+
+
+def test_round_trip_and_unknown_keys() -> None:
+    config = model_preset("small", vocab_size=123)
+    assert ModelConfig.from_dict(config.to_dict()) == config
+    with pytest.raises(ConfigError, match="unknown model config keys: colour"):
+        ModelConfig.from_dict({**config.to_dict(), "colour": 1})
+    with pytest.raises(ConfigError, match="unknown preset"):
+        model_preset("huge")
+
+
+def test_base_model_has_the_papers_size() -> None:
+    model = Seq2SeqTransformer(transformer_base(vocab_size=37000))
+    n = model.num_parameters()
+    assert 63e6 <= n <= 65e6, n

@@ -1,0 +1,21 @@
+import math
+
+import torch
+
+from qkv.model.embedding import TokenEmbedding, sinusoid_table
+
+
+def test_sinusoids_match_the_paper() -> None:
+    d_model = 8
+    table = sinusoid_table(50, d_model)
+    for pos in (0, 1, 17, 49):
+        for i in range(d_model // 2):
+            angle = pos / 10000 ** (2 * i / d_model)
+            assert math.isclose(table[pos, 2 * i].item(), math.sin(angle), abs_tol=1e-6)
+            assert math.isclose(table[pos, 2 * i + 1].item(), math.cos(angle), abs_tol=1e-6)
+
+
+def test_token_embedding_is_scaled_by_sqrt_d_model() -> None:
+    embedding = TokenEmbedding(10, 16, pad_id=0)
+    ids = torch.tensor([[3, 4]])
+    torch.testing.assert_close(embedding(ids), embedding.table.weight[ids] * 4.0)

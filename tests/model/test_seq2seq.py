@@ -1,0 +1,112 @@
+import pytest
+import torch
+
+from qkv.model.seq2seq import Seq2SeqTransformer
+from tests.model.helpers import random_ids, tiny_config
+
+
+@pytest.fixture(params=[False, True], ids=["post-norm", "pre-norm"])
+def model(request: pytest.FixtureRequest) -> Seq2SeqTransformer:
+    return Seq2SeqTransformer(tiny_config(norm_first=request.param)).eval()
+
+
+def test_shapes(model: Seq2SeqTransformer) -> None:
+    src, tgt = random_ids(3, 7), random_ids(3, 5)
+    assert model(src, tgt).shape == (3, 5, 40)
+    logits, maps = model.forward_with_maps(src, tgt)
+    assert logits.shape == (3, 5, 40)
+    assert [m.shape for m in maps.encoder_self] == [(3, 4, 7, 7)] * 2
+    assert [m.shape for m in maps.decoder_self] == [(3, 4, 5, 5)] * 2
+    assert [m.shape for m in maps.cross] == [(3, 4, 5, 7)] * 2
+    torch.testing.assert_close(logits, model(src, tgt), atol=1e-5, rtol=1e-5)
+
+
+def test_joint_vocabulary_ties_all_three_tables() -> None:
+    model = Seq2SeqTransformer(tiny_config())
+    src_table = model.encoder.embeddings.token.table.weight
+    assert model.decoder.embeddings.token.table.weight is src_table
+    assert model.output.weight is src_table
+    separate = Seq2SeqTransformer(tiny_config(tgt_vocab_size=30))
+    assert separate.output.weight.shape == (30, 32)
+    assert separate.output.weight is not separate.encoder.embeddings.token.table.weight
+
+
+def test_padding_does_not_change_real_positions(model: Seq2SeqTransformer) -> None:
+    src, tgt = random_ids(2, 6), random_ids(2, 4)
+    padded_src = torch.cat([src, torch.zeros(2, 3, dtype=torch.long)], dim=1)
+    padded_tgt = torch.cat([tgt, torch.zeros(2, 2, dtype=torch.long)], dim=1)
+    expected = model(src, tgt)
+    torch.testing.assert_close(model(padded_src, padded_tgt)[:, :4], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_mixed_lengths_in_a_batch_equal_each_sentence_alone(model: Seq2SeqTransformer) -> None:
+    short_src, long_src = random_ids(1, 3), random_ids(1, 6)
+    tgt = random_ids(2, 4)
+    src = torch.zeros(2, 6, dtype=torch.long)
+    src[0, :3], src[1] = short_src[0], long_src[0]
+    batch = model(src, tgt)
+    torch.testing.assert_close(batch[0], model(short_src, tgt[:1])[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(batch[1], model(long_src, tgt[1:])[0], atol=1e-5, rtol=1e-5)
+
+
+def test_future_target_tokens_do_not_leak(model: Seq2SeqTransformer) -> None:
+    src, tgt = random_ids(2, 6), random_ids(2, 5)
+    changed = tgt.clone()
+    changed[:, 3] = (changed[:, 3] + 1 - 5) % 35 + 5
+    before, after = model(src, tgt), model(src, changed)
+    torch.testing.assert_close(before[:, :3], after[:, :3])
+    assert not torch.allclose(before[:, 3:], after[:, 3:])
+
+
+def test_all_padding_source_is_finite(model: Seq2SeqTransformer) -> None:
+    src = torch.zeros(2, 4, dtype=torch.long)
+    src[0, :2] = 7
+    assert torch.isfinite(model(src, random_ids(2, 3))).all()
+
+
+def test_cached_decoding_equals_full_forward(model: Seq2SeqTransformer) -> None:
+    src = random_ids(3, 6)
+    src[1, 4:] = 0
+    tgt = random_ids(3, 7)
+    full = model(src, tgt)  # (B, T, V)
+    memory, src_mask, _ = model.encode(src)
+    cache = model.init_cache(memory, src_mask, max_len=7)
+    steps = [model.decode_step(tgt[:, t], cache) for t in range(7)]
+    torch.testing.assert_close(torch.stack(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_cache_select_reorders_rows(model: Seq2SeqTransformer) -> None:
+    src, tgt = random_ids(3, 5), random_ids(3, 4)
+    memory, src_mask, _ = model.encode(src)
+    cache = model.init_cache(memory, src_mask, max_len=4)
+    for t in range(2):
+        model.decode_step(tgt[:, t], cache)
+    order = torch.tensor([2, 0, 0])
+    cache.select(order)
+    steps = [model.decode_step(tgt[order, t], cache) for t in range(2, 4)]
+    full = model(src[order], tgt[order])
+    torch.testing.assert_close(torch.stack(steps, dim=1), full[:, 2:], atol=1e-5, rtol=1e-5)
+
+
+def test_eval_mode_is_deterministic() -> None:
+    model = Seq2SeqTransformer(tiny_config(dropout=0.3)).eval()
+    src, tgt = random_ids(2, 5), random_ids(2, 4)
+    assert torch.equal(model(src, tgt), model(src, tgt))
+
+
+def test_gradients_reach_every_trainable_parameter(model: Seq2SeqTransformer) -> None:
+    model.train()
+    logits = model(random_ids(2, 5), random_ids(2, 4))
+    logits.logsumexp(-1).sum().backward()
+    for name, param in model.named_parameters():
+        assert param.grad is not None and param.grad.abs().sum() > 0, name
+    sinusoids = model.encoder.embeddings.positions.table
+    assert not sinusoids.requires_grad and "table" not in dict(model.named_parameters())
+    assert "encoder.embeddings.positions.table" not in model.state_dict()
+
+
+def test_learned_positions_are_trained() -> None:
+    model = Seq2SeqTransformer(tiny_config(positions="learned"))
+    model(random_ids(2, 5), random_ids(2, 4)).sum().backward()
+    grad = model.encoder.embeddings.positions.table.weight.grad
+    assert grad is not None and grad[:5].abs().sum() > 0
