@@ -1,0 +1,297 @@
+"""Read corpora from disk: plain or gzipped UTF-8 text, JSON Lines, CSV and TSV.
+
+Every problem with a file (missing, not UTF-8, truncated gzip, malformed record) is raised as a
+`DataError` that names the file and, where it applies, the 1-based line, so the user can open the
+file at the right place. No other exception escapes these functions for a bad file.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+
+from qkv.errors import DataError
+
+GZIP_MAGIC = b"\x1f\x8b"
+LABELLED_FORMATS = (".jsonl", ".json", ".csv", ".tsv")
+
+
+def read_lines(path: str | Path, *, allow_empty: bool = False) -> list[str]:
+    """Reads a text file into one string per line.
+
+    Lines are split on "\\n" only (not on the other Unicode line breaks `str.splitlines` knows),
+    so a stray U+2028 inside a sentence cannot shift a parallel corpus out of alignment.
+
+    Args:
+        path: a UTF-8 text file, optionally gzip-compressed (recognised by its magic bytes).
+        allow_empty: accept empty or whitespace-only lines instead of rejecting them.
+
+    Returns:
+        The lines without their trailing "\\n" or "\\r\\n".
+
+    Raises:
+        DataError: the file is missing, unreadable, empty, not UTF-8, a corrupt gzip, or has an
+            empty line while `allow_empty` is False.
+    """
+    lines = _split_lines(_read_utf8(path))
+    if not allow_empty:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                raise DataError(path, "empty line", line=number)
+    return lines
+
+
+def find_split(data_dir: str | Path, split: str, lang: str) -> Path:
+    """Finds the file of one side of a split, e.g. `train.de` or `train.de.gz`.
+
+    Args:
+        data_dir: directory holding the corpus.
+        split: "train", "valid", "test", ...
+        lang: language code used as the file suffix.
+
+    Returns:
+        The first of `{split}.{lang}` and `{split}.{lang}.gz` that exists.
+
+    Raises:
+        DataError: `data_dir` is not a directory, or neither file exists.
+    """
+    directory = Path(data_dir)
+    if not directory.is_dir():
+        raise DataError(directory, "not a directory")
+    candidates = [directory / f"{split}.{lang}", directory / f"{split}.{lang}.gz"]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    looked_for = ", ".join(candidate.name for candidate in candidates)
+    raise DataError(directory, f"no {split} file for language '{lang}' (looked for {looked_for})")
+
+
+def read_parallel(src_path: str | Path, tgt_path: str | Path) -> tuple[list[str], list[str]]:
+    """Reads a sentence-aligned pair of files.
+
+    Returns:
+        (source lines, target lines), of equal length.
+
+    Raises:
+        DataError: either file is bad, or their line counts differ.
+    """
+    sources = read_lines(src_path)
+    targets = read_lines(tgt_path)
+    if len(sources) != len(targets):
+        raise DataError(
+            src_path,
+            f"has {len(sources)} lines but {tgt_path} has {len(targets)}; "
+            "parallel files must have one sentence per line, aligned",
+        )
+    return sources, targets
+
+
+def read_labelled(
+    path: str | Path, *, text_field: str = "text", label_field: str = "label"
+) -> tuple[list[str], list[str]]:
+    """Reads a text-classification file.
+
+    The format follows the suffix (after removing ".gz"): ".jsonl"/".json" hold one JSON object
+    per line; ".csv" and ".tsv" have a header row naming the columns. TSV fields are not quoted,
+    so quotation marks in a TSV text are kept as they are. Blank lines between records are skipped.
+
+    Args:
+        path: the file.
+        text_field: the field or column with the text.
+        label_field: the field or column with the label.
+
+    Returns:
+        (texts, labels), labels as strings: a JSON 1 becomes "1".
+
+    Raises:
+        DataError: unknown format, a malformed record, a missing field, an empty text or label,
+            or no records at all.
+    """
+    texts: list[str] = []
+    labels: list[str] = []
+    for line, (text, label) in _read_records(path, (text_field, label_field)):
+        texts.append(_check_text(path, text, text_field, line))
+        labels.append(_check_label(path, label, label_field, line))
+    return texts, labels
+
+
+def read_texts(path: str | Path) -> list[str]:
+    """Reads texts to predict on.
+
+    A ".jsonl"/".json" file gives the "text" field of each object, a ".csv"/".tsv" file its
+    "text" column; any other file gives one text per line.
+
+    Raises:
+        DataError: the file is bad, a text is missing or empty.
+    """
+    if _format_suffix(Path(path)) not in LABELLED_FORMATS:
+        return read_lines(path)
+    return [
+        _check_text(path, text, "text", line) for line, (text,) in _read_records(path, ("text",))
+    ]
+
+
+def _read_utf8(path: str | Path) -> str:
+    """Reads a whole UTF-8 file, plain or gzipped, dropping a leading byte-order mark.
+
+    Raises:
+        DataError: the file is missing, unreadable, empty, not UTF-8 or a corrupt gzip.
+    """
+    data = _read_bytes(Path(path))
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
+        byte = data[error.start]
+        raise DataError(
+            path, f"invalid UTF-8 (byte 0x{byte:02x} at column {column})", line=line
+        ) from None
+    text = text.removeprefix("\ufeff")
+    if not text:
+        raise DataError(path, "file is empty")
+    return text
+
+
+def _read_bytes(path: Path) -> bytes:
+    """The raw contents of `path`, decompressed when it is gzipped."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise DataError(path, "no such file") from None
+    except IsADirectoryError:
+        raise DataError(path, "is a directory, expected a file") from None
+    except (OSError, ValueError) as error:
+        reason = getattr(error, "strerror", None) or error
+        raise DataError(path, f"cannot read file ({reason})") from None
+    if data.startswith(GZIP_MAGIC):
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as error:
+            raise DataError(path, f"corrupt or truncated gzip file ({error})") from None
+    elif path.suffix == ".gz" and data:
+        raise DataError(path, "name ends in .gz but the file is not gzip-compressed")
+    if not data:
+        raise DataError(path, "file is empty")
+    return data
+
+
+def _split_lines(text: str) -> list[str]:
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
+
+
+def _format_suffix(path: Path) -> str:
+    name = path.name.removesuffix(".gz") if path.name.endswith(".gz") else path.name
+    return Path(name).suffix.lower()
+
+
+def _read_records(path: str | Path, fields: Sequence[str]) -> list[tuple[int, list[object]]]:
+    """The values of `fields` in each record, with the record's 1-based line number."""
+    suffix = _format_suffix(Path(path))
+    if suffix in (".jsonl", ".json"):
+        records = _read_json_lines(path, fields)
+    elif suffix in (".csv", ".tsv"):
+        records = _read_table(path, fields, tsv=suffix == ".tsv")
+    else:
+        formats = ", ".join(LABELLED_FORMATS)
+        raise DataError(path, f"unknown format '{suffix}', expected one of {formats} (or .gz)")
+    if not records:
+        raise DataError(path, "no records")
+    return records
+
+
+def _read_json_lines(path: str | Path, fields: Sequence[str]) -> list[tuple[int, list[object]]]:
+    records: list[tuple[int, list[object]]] = []
+    for number, line in enumerate(_split_lines(_read_utf8(path)), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError) as error:
+            raise DataError(path, _json_problem(error, line), line=number) from None
+        if not isinstance(record, dict):
+            raise DataError(
+                path, f"expected a JSON object, got {type(record).__name__}", line=number
+            )
+        for field in fields:
+            if field not in record:
+                available = ", ".join(map(repr, record)) or "none"
+                raise DataError(path, f"missing field '{field}' (fields: {available})", line=number)
+        records.append((number, [record[field] for field in fields]))
+    return records
+
+
+def _read_table(
+    path: str | Path, fields: Sequence[str], *, tsv: bool
+) -> list[tuple[int, list[object]]]:
+    text = io.StringIO(_read_utf8(path), newline="")
+    reader = csv.reader(text, delimiter="\t", quoting=csv.QUOTE_NONE) if tsv else csv.reader(text)
+    records: list[tuple[int, list[object]]] = []
+    columns: list[str] | None = None
+    positions: list[int] = []
+    try:
+        for row in reader:
+            if not row or (len(row) == 1 and not row[0].strip()):
+                continue
+            if columns is None:
+                columns = [name.strip() for name in row]
+                positions = [_column_position(path, columns, field) for field in fields]
+                continue
+            if len(row) != len(columns):
+                raise DataError(
+                    path, f"expected {len(columns)} fields, got {len(row)}", line=reader.line_num
+                )
+            records.append((reader.line_num, [row[position] for position in positions]))
+    except csv.Error as error:
+        kind = "TSV" if tsv else "CSV"
+        raise DataError(path, f"malformed {kind}: {_short(error)}", line=reader.line_num) from None
+    return records
+
+
+def _column_position(path: str | Path, columns: list[str], field: str) -> int:
+    if field not in columns:
+        available = ", ".join(map(repr, columns))
+        raise DataError(path, f"missing column '{field}' (columns: {available})", line=1)
+    return columns.index(field)
+
+
+def _check_text(path: str | Path, value: object, field: str, line: int) -> str:
+    if not isinstance(value, str):
+        raise DataError(path, f"'{field}' must be a string, got {type(value).__name__}", line=line)
+    if not value.strip():
+        raise DataError(path, f"empty '{field}'", line=line)
+    return value
+
+
+def _check_label(path: str | Path, value: object, field: str, line: int) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise DataError(
+            path, f"'{field}' must be a string or integer, got {type(value).__name__}", line=line
+        )
+    label = str(value).strip()
+    if not label:
+        raise DataError(path, f"empty '{field}'", line=line)
+    return label
+
+
+def _json_problem(error: Exception, line: str) -> str:
+    if isinstance(error, json.JSONDecodeError):
+        problem = f"malformed JSON: {error.msg} at column {error.colno}"
+    else:
+        problem = f"malformed JSON: {_short(error)}"
+    if line.lstrip().startswith("["):
+        problem += " (expected one JSON object per line)"
+    return problem
+
+
+def _short(error: Exception, limit: int = 120) -> str:
+    message = str(error).splitlines()[0] if str(error) else type(error).__name__
+    return message if len(message) <= limit else message[: limit - 3] + "..."

@@ -1,0 +1,220 @@
+"""Subword tokenizer: byte-pair encoding over SentencePiece-style "▁"-marked words.
+
+A thin wrapper around a Hugging Face `tokenizers.Tokenizer` that fixes the choices the rest of
+the package relies on: the special tokens of `qkv.data.special` occupy the first ids, nothing is
+added around encoded text (the batching code adds BOS, EOS and CLS), and decoding undoes the
+word-boundary marker so that `decode(encode(text))` gives back ordinary detokenized text.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
+from pathlib import Path
+
+from tokenizers import Tokenizer as HfTokenizer
+from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
+
+from qkv.data.special import SPECIAL_TOKENS, UNK
+from qkv.errors import CheckpointError
+
+TOKENIZER_FILENAME = "tokenizer.json"
+WORD_MARKER = "▁"  # U+2581, replaces the space before each word, as in SentencePiece
+ALPHABET_LIMIT = 1000  # the rarest characters beyond this become <unk> rather than eat the vocab
+TRAIN_CHUNK = 1000  # texts handed to the trainer at a time
+
+
+class Tokenizer:
+    """A trained BPE tokenizer whose first ids are PAD, BOS, EOS, UNK and CLS.
+
+    Args:
+        hf_tokenizer: a Hugging Face tokenizer with a BPE model and the special tokens first.
+    """
+
+    def __init__(self, hf_tokenizer: HfTokenizer) -> None:
+        self._hf = hf_tokenizer
+        # Text that happens to contain "</s>" is encoded as characters, never as EOS.
+        self._hf.encode_special_tokens = True
+
+    @classmethod
+    def train(
+        cls,
+        texts: Iterable[str],
+        vocab_size: int = 8000,
+        min_frequency: int = 2,
+        lowercase: bool = False,
+    ) -> Tokenizer:
+        """Learns a BPE vocabulary from texts.
+
+        Args:
+            texts: training sentences, read once, lazily.
+            vocab_size: size of the vocabulary, special tokens and alphabet included.
+            min_frequency: pairs seen fewer times than this are never merged.
+            lowercase: lowercase all text before tokenizing (also when encoding later).
+
+        Returns:
+            The trained tokenizer.
+        """
+        steps = [normalizers.NFC()] + ([normalizers.Lowercase()] if lowercase else [])
+        hf = HfTokenizer(models.BPE(unk_token=UNK))
+        hf.normalizer = normalizers.Sequence(steps)
+        hf.pre_tokenizer = pre_tokenizers.Metaspace(
+            replacement=WORD_MARKER, prepend_scheme="always"
+        )
+        hf.decoder = decoders.Metaspace(replacement=WORD_MARKER, prepend_scheme="always")
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            special_tokens=list(SPECIAL_TOKENS),
+            limit_alphabet=ALPHABET_LIMIT,
+            show_progress=False,
+        )
+        hf.train_from_iterator(_chunks(texts, TRAIN_CHUNK), trainer=trainer)
+        problem = _special_ids_problem(hf)
+        if problem is not None:
+            raise RuntimeError(f"trained tokenizer is inconsistent: {problem}")
+        return cls(hf)
+
+    def save(self, path: str | Path) -> None:
+        """Writes the tokenizer as JSON, atomically: a crash leaves the old file or the new one.
+
+        Args:
+            path: the file to write, conventionally `run_dir / TOKENIZER_FILENAME`.
+        """
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(
+            dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"
+        )
+        try:
+            with os.fdopen(handle, "w", encoding="utf-8") as file:
+                file.write(self.to_json())
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temporary, path)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+
+    @classmethod
+    def load(cls, path: str | Path) -> Tokenizer:
+        """Reads a tokenizer written by `save`.
+
+        Raises:
+            CheckpointError: the file is missing, unreadable, not a tokenizer, or its special
+                token ids are not those of `qkv.data.special`.
+        """
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise CheckpointError(f"{path}: tokenizer file not found") from None
+        except (OSError, UnicodeDecodeError) as error:
+            raise CheckpointError(f"{path}: cannot read tokenizer file ({error})") from None
+        return cls.from_json(text, source=str(path))
+
+    def to_json(self) -> str:
+        """The tokenizer serialized as a JSON string, for embedding in a checkpoint."""
+        return self._hf.to_str()
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "tokenizer") -> Tokenizer:
+        """Rebuilds a tokenizer from `to_json` output.
+
+        Args:
+            text: the JSON string.
+            source: where the string came from, for error messages.
+
+        Raises:
+            CheckpointError: the string is not a BPE tokenizer with the expected special ids.
+        """
+        try:
+            hf = HfTokenizer.from_str(text)
+        except Exception as error:  # the Rust side raises a bare Exception
+            first_line = str(error).splitlines()[0] if str(error) else "unknown error"
+            raise CheckpointError(f"{source}: not a valid tokenizer file ({first_line})") from None
+        if not isinstance(hf.model, models.BPE):
+            raise CheckpointError(f"{source}: expected a BPE tokenizer")
+        problem = _special_ids_problem(hf)
+        if problem is not None:
+            raise CheckpointError(f"{source}: {problem}")
+        return cls(hf)
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, special tokens included."""
+        return self._hf.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of one text, without BOS, EOS or CLS."""
+        return self._hf.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of many texts, encoded in parallel; same result as `encode` on each."""
+        encodings = self._hf.encode_batch_fast(list(texts), add_special_tokens=False)
+        return [encoding.ids for encoding in encodings]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Detokenized text of ids; special tokens and ids outside the vocabulary are skipped.
+
+        Decoding does not stop at EOS: callers cut the sequence there first.
+        """
+        return self._hf.decode(self._valid(ids), skip_special_tokens=True)
+
+    def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
+        """`decode` for many id sequences at once."""
+        valid = [self._valid(ids) for ids in batch]
+        return self._hf.decode_batch(valid, skip_special_tokens=True)
+
+    def tokens(self, text: str) -> list[str]:
+        """Display labels of the pieces `encode` cuts `text` into, e.g. for attention plots.
+
+        See `tokens_from_ids` for how a piece is shown.
+        """
+        return [_display(piece) for piece in self._hf.encode(text, add_special_tokens=False).tokens]
+
+    def tokens_from_ids(self, ids: Sequence[int]) -> list[str]:
+        """Display labels of ids, e.g. of a generated translation, for attention plots.
+
+        A piece that starts a word is shown without its "▁" marker ("▁Zwei" → "Zwei"); a piece
+        that continues a word is shown as it is ("nen"), so a word split into pieces reads as
+        "Zwei", "Männ", "er". A bare "▁" (a space of its own) stays visible as "▁". Special
+        tokens are shown by name ("</s>").
+        """
+        return [_display(self.id_to_token(i)) for i in ids]
+
+    def id_to_token(self, token_id: int) -> str:
+        """The vocabulary entry of an id, marker included ("▁Zwei").
+
+        Raises:
+            IndexError: the id is outside the vocabulary.
+        """
+        token = self._hf.id_to_token(token_id) if token_id >= 0 else None
+        if token is None:
+            raise IndexError(f"token id {token_id} outside the vocabulary of {self.vocab_size}")
+        return token
+
+    def _valid(self, ids: Sequence[int]) -> list[int]:
+        size = self.vocab_size
+        return [int(i) for i in ids if 0 <= i < size]
+
+
+def _display(piece: str) -> str:
+    return piece.removeprefix(WORD_MARKER) or piece
+
+
+def _chunks(texts: Iterable[str], size: int) -> Iterator[list[str]]:
+    iterator = iter(texts)
+    while chunk := list(islice(iterator, size)):
+        yield chunk
+
+
+def _special_ids_problem(hf: HfTokenizer) -> str | None:
+    """Describes how the special-token ids differ from `qkv.data.special`, or None if they match."""
+    for expected_id, token in enumerate(SPECIAL_TOKENS):
+        actual_id = hf.token_to_id(token)
+        if actual_id != expected_id:
+            return f"special token {token} has id {actual_id}, expected {expected_id}"
+    return None

@@ -1,0 +1,223 @@
+"""Greedy decoding and sampling over an incremental decoder.
+
+Both walk a single path per sentence: feed the last token of every live row, pick the next one
+from the returned log-probabilities, and drop a row from the decoder as soon as it is finished
+(it produced EOS, or it reached its length budget), so the work per step shrinks with the number
+of unfinished sentences. Beam search lives in `beam.py` and uses the same decoder protocol.
+
+Shapes follow the package alphabet (see `qkv.model`): B batch, V vocabulary size, N rows live in
+the decoder.
+
+A sentence's `max_length` is its budget of generated tokens, EOS included: at most `max_length`
+decoding steps are run for it, and its output never holds more than `max_length` tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from qkv.data.special import BOS_ID, EOS_ID
+from qkv.errors import ConfigError
+
+
+class IncrementalDecoder(Protocol):
+    """A decoder that holds its own state (KV cache, memory, source mask) for N rows.
+
+    It starts with N = B rows, one per source sentence, before any token is fed.
+    """
+
+    def step(self, tokens: Tensor) -> Tensor:
+        """Feed the last token of every live row, tokens (N,) long.
+
+        Returns log-probabilities (N, V) for the next token.
+        """
+
+    def select(self, rows: Tensor) -> None:
+        """Keep and reorder the decoder's rows (its KV cache, memory, source mask).
+
+        New row i = old row rows[i]; rows (N',) long. N' may be smaller (finished rows dropped)
+        or larger (beam expansion).
+        """
+
+
+TokenChooser = Callable[[Tensor], Tensor]
+"""Maps log-probabilities (N, V) to the chosen next tokens (N,) long."""
+
+
+def greedy_search(
+    decoder: IncrementalDecoder,
+    batch_size: int,
+    max_lengths: Tensor,
+    bos_id: int = BOS_ID,
+    eos_id: int = EOS_ID,
+) -> list[list[int]]:
+    """Decode every sentence by always taking the most probable next token.
+
+    Args:
+        decoder: holds `batch_size` rows, no token fed yet.
+        batch_size: B, the number of sentences.
+        max_lengths: (B,) long, budget of generated tokens per sentence (EOS included), on the
+            decoder's device.
+        bos_id: token fed at the first step.
+        eos_id: token that ends a sentence.
+
+    Returns:
+        B lists of token ids, without BOS and EOS.
+    """
+    return _decode_paths(decoder, batch_size, max_lengths, _argmax, bos_id, eos_id)
+
+
+def sample(
+    decoder: IncrementalDecoder,
+    batch_size: int,
+    max_lengths: Tensor,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+    bos_id: int = BOS_ID,
+    eos_id: int = EOS_ID,
+) -> list[list[int]]:
+    """Decode every sentence by drawing each next token at random.
+
+    The log-probabilities are divided by `temperature`, cut by `filter_logits` (top-k, then
+    nucleus), renormalised, and one token is drawn per row.
+
+    Args:
+        decoder: holds `batch_size` rows, no token fed yet.
+        batch_size: B, the number of sentences.
+        max_lengths: (B,) long, budget of generated tokens per sentence (EOS included), on the
+            decoder's device.
+        temperature: > 0; below 1 sharpens the distribution, above 1 flattens it.
+        top_k: keep only the k most probable tokens; 0 keeps all.
+        top_p: keep the smallest set of most probable tokens whose mass is at least p; 1 keeps all.
+        generator: source of randomness, on the decoder's device; None uses torch's global one.
+        bos_id: token fed at the first step.
+        eos_id: token that ends a sentence.
+
+    Returns:
+        B lists of token ids, without BOS and EOS.
+
+    Raises:
+        ConfigError: if temperature, top_k or top_p is out of range.
+    """
+    if temperature <= 0:
+        raise ConfigError(f"temperature must be > 0, got {temperature}")
+    _check_filters(top_k, top_p)
+
+    def draw(log_probs: Tensor) -> Tensor:
+        logits = filter_logits(log_probs / temperature, top_k, top_p)  # (N, V)
+        probs = logits.softmax(dim=-1)  # (N, V)
+        return torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (N,)
+
+    return _decode_paths(decoder, batch_size, max_lengths, draw, bos_id, eos_id)
+
+
+def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """Set to -inf every token outside the top-k and outside the nucleus of mass top_p.
+
+    Top-k keeps exactly k tokens per row. The nucleus is the smallest set of most probable
+    tokens (under softmax of the top-k-filtered logits) whose total probability is at least
+    `top_p`; the most probable token is always kept.
+
+    Args:
+        logits: (N, V) unnormalised scores or log-probabilities.
+        top_k: number of tokens kept per row; 0 (or >= V) keeps all.
+        top_p: in (0, 1]; 1 keeps all.
+
+    Returns:
+        (N, V) a copy of `logits` with the removed tokens at -inf.
+
+    Raises:
+        ConfigError: if top_k < 0 or top_p is not in (0, 1].
+    """
+    _check_filters(top_k, top_p)
+    vocab_size = logits.size(-1)
+    if 0 < top_k < vocab_size:
+        kept = logits.topk(top_k, dim=-1).indices  # (N, k)
+        keep = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, kept, True)  # (N, V)
+        logits = logits.masked_fill(~keep, float("-inf"))  # (N, V)
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)  # (N, V), (N, V)
+        probs = sorted_logits.softmax(dim=-1)  # (N, V)
+        mass_before = probs.cumsum(dim=-1) - probs  # (N, V)
+        # A token is dropped once the more probable ones already reach p.
+        drop_sorted = mass_before >= top_p  # (N, V)
+        drop_sorted[..., 0] = False
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)  # (N, V)
+        logits = logits.masked_fill(drop, float("-inf"))  # (N, V)
+    return logits
+
+
+def _check_filters(top_k: int, top_p: float) -> None:
+    if top_k < 0:
+        raise ConfigError(f"top_k must be >= 0, got {top_k}")
+    if not 0.0 < top_p <= 1.0:
+        raise ConfigError(f"top_p must be in (0, 1], got {top_p}")
+
+
+def _check_lengths(batch_size: int, max_lengths: Tensor) -> None:
+    if max_lengths.shape != (batch_size,):
+        shape = tuple(max_lengths.shape)
+        raise ValueError(f"max_lengths must have shape ({batch_size},), got {shape}")
+
+
+def _argmax(log_probs: Tensor) -> Tensor:
+    return log_probs.argmax(dim=-1)  # (N,)
+
+
+def _decode_paths(
+    decoder: IncrementalDecoder,
+    batch_size: int,
+    max_lengths: Tensor,
+    choose: TokenChooser,
+    bos_id: int,
+    eos_id: int,
+) -> list[list[int]]:
+    """Run one path per sentence, choosing each next token with `choose`.
+
+    Args:
+        decoder: holds `batch_size` rows, no token fed yet.
+        batch_size: B.
+        max_lengths: (B,) long, budget of generated tokens per sentence (EOS included), on the
+            decoder's device.
+        choose: log-probabilities (N, V) -> next tokens (N,).
+        bos_id: token fed at the first step.
+        eos_id: token that ends a sentence.
+
+    Returns:
+        B lists of token ids, without BOS and EOS.
+    """
+    _check_lengths(batch_size, max_lengths)
+    device = max_lengths.device
+    longest = max(int(max_lengths.max()), 0) if batch_size > 0 else 0
+    generated = torch.full((batch_size, longest), eos_id, dtype=torch.long, device=device)  # (B, T)
+    lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,)
+    sentences = torch.arange(batch_size, device=device)  # (N,) sentence of each decoder row
+    tokens = torch.full((batch_size,), bos_id, dtype=torch.long, device=device)  # (N,)
+
+    live = max_lengths > 0  # (N,)
+    if not bool(live.all()):
+        sentences, tokens = sentences[live], tokens[live]  # (N',)
+        if sentences.numel() > 0:
+            decoder.select(live.nonzero().squeeze(1))  # (N',)
+
+    step = 0
+    while sentences.numel() > 0:
+        tokens = choose(decoder.step(tokens))  # (N,)
+        step += 1
+        ended = tokens == eos_id  # (N,)
+        generated[sentences, step - 1] = tokens  # (N,)
+        lengths[sentences] = step - ended.long()  # (N,)
+        finished = ended | (max_lengths[sentences] <= step)  # (N,)
+        if bool(finished.any()):
+            live = ~finished  # (N,)
+            sentences, tokens = sentences[live], tokens[live]  # (N',)
+            if sentences.numel() > 0:
+                decoder.select(live.nonzero().squeeze(1))  # (N',)
+
+    return [row[:length] for row, length in zip(generated.tolist(), lengths.tolist(), strict=True)]

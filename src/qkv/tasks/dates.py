@@ -1,0 +1,114 @@
+"""The built-in demo task: human-written dates to ISO 8601 (`YYYY-MM-DD`).
+
+A small translation problem that needs no download and trains in minutes on a CPU, yet asks the
+model for what real translation needs: reordering (day-month-year to year-month-day), a lookup
+from words to numbers (`March` to `03`) and ignoring noise (weekday names, ordinal suffixes).
+
+Conventions, chosen so that every source string names exactly one date:
+
+- Slash-separated numeric dates with the year last are US month-first: `03/04/2021` is
+  4 March 2021 (`2021-03-04`).
+- Dot-separated numeric dates are day-first, as in most of Europe: `04.03.2021` is also
+  4 March 2021.
+- Years are always written with four digits; two-digit years (`3.3.21`) are never produced,
+  because in the range 1900-2099 they would name two different dates.
+- Month and weekday names are English, independent of the machine's locale.
+"""
+
+from __future__ import annotations
+
+import datetime
+import random
+from collections.abc import Callable
+
+from qkv.errors import ConfigError
+
+FIRST_DATE = datetime.date(1900, 1, 1)
+LAST_DATE = datetime.date(2099, 12, 31)
+
+MONTHS = (
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+)
+WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+
+
+def ordinal(day: int) -> str:
+    """Writes a day of the month as an English ordinal: 1st, 2nd, 3rd, 4th, 11th, 21st."""
+    if 11 <= day % 100 <= 13:
+        return f"{day}th"
+    suffix = {1: "st", 2: "nd", 3: "rd"}.get(day % 10, "th")
+    return f"{day}{suffix}"
+
+
+def _month(day: datetime.date) -> str:
+    return MONTHS[day.month - 1]
+
+
+def _short_month(day: datetime.date) -> str:
+    return MONTHS[day.month - 1][:3]
+
+
+def _weekday(day: datetime.date) -> str:
+    return WEEKDAYS[day.weekday()]
+
+
+# Each renderer writes one date in one human style; the keys name the style by example,
+# all for Wednesday 3 March 2021.
+DATE_FORMATS: dict[str, Callable[[datetime.date], str]] = {
+    "3 March 2021": lambda d: f"{d.day} {_month(d)} {d.year}",
+    "March 3, 2021": lambda d: f"{_month(d)} {d.day}, {d.year}",
+    "03/03/2021 (US month first)": lambda d: f"{d.month:02d}/{d.day:02d}/{d.year}",
+    "3/3/2021 (US month first)": lambda d: f"{d.month}/{d.day}/{d.year}",
+    "03.03.2021 (day first)": lambda d: f"{d.day:02d}.{d.month:02d}.{d.year}",
+    "Wednesday, March 3, 2021": lambda d: f"{_weekday(d)}, {_month(d)} {d.day}, {d.year}",
+    "Wed 3 Mar 2021": lambda d: f"{_weekday(d)[:3]} {d.day} {_short_month(d)} {d.year}",
+    "Mar 3 2021": lambda d: f"{_short_month(d)} {d.day} {d.year}",
+    "Mar. 3, 2021": lambda d: f"{_short_month(d)}. {d.day}, {d.year}",
+    "2021/03/03": lambda d: f"{d.year}/{d.month:02d}/{d.day:02d}",
+    "3rd of March 2021": lambda d: f"{ordinal(d.day)} of {_month(d)} {d.year}",
+    "the 3rd of March, 2021": lambda d: f"the {ordinal(d.day)} of {_month(d)}, {d.year}",
+    "MARCH 3 2021": lambda d: f"{_month(d).upper()} {d.day} {d.year}",
+    "march 3rd, 2021": lambda d: f"{_month(d).lower()} {ordinal(d.day)}, {d.year}",
+    "3-Mar-2021": lambda d: f"{d.day}-{_short_month(d)}-{d.year}",
+    "03 MAR 2021": lambda d: f"{d.day:02d} {_short_month(d).upper()} {d.year}",
+}
+
+
+def generate_date_pairs(n: int, seed: int) -> list[tuple[str, str]]:
+    """Draws `n` (human-written date, ISO date) pairs.
+
+    Dates are uniform over 1900-01-01..2099-12-31 and each is written in a style drawn
+    uniformly from `DATE_FORMATS`. The same `seed` always gives the same pairs.
+
+    Args:
+        n: number of pairs, zero or more.
+        seed: seed of the private random generator; the global `random` state is untouched.
+
+    Returns:
+        `n` pairs such as `("Wednesday, March 3, 2021", "2021-03-03")`.
+
+    Raises:
+        ConfigError: if `n` is negative.
+    """
+    if n < 0:
+        raise ConfigError(f"the number of date pairs must be zero or more, got {n}")
+    rng = random.Random(seed)
+    renderers = list(DATE_FORMATS.values())
+    first, last = FIRST_DATE.toordinal(), LAST_DATE.toordinal()
+    pairs = []
+    for _ in range(n):
+        day = datetime.date.fromordinal(rng.randint(first, last))
+        render = rng.choice(renderers)
+        pairs.append((render(day), day.isoformat()))
+    return pairs

@@ -1,0 +1,261 @@
+"""Checkpoints that are never half-written and never unpickled.
+
+A checkpoint is a directory `checkpoints/step-000500/` holding `model.safetensors`,
+`optimizer.safetensors` and `state.json` (step, data position, RNG states, scheduler, metrics,
+and the SHA-256 of every other file). It is written as `step-000500.tmp/`, every file flushed
+and fsync'ed, then renamed in one step, so a crash leaves either the whole checkpoint or none.
+Loading re-checks every checksum, so a torn or corrupted file is reported, not used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from qkv.errors import CheckpointError
+
+FORMAT_VERSION = 1
+STATE_FILE = "state.json"
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: Path) -> None:
+    with path.open("rb+") as handle:
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file, fsync, then rename."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def model_tensors(model: nn.Module) -> dict[str, Tensor]:
+    """The model's state, with tied tables stored once (safetensors refuses shared memory)."""
+    seen: dict[int, str] = {}
+    out: dict[str, Tensor] = {}
+    for name, tensor in model.state_dict().items():
+        key = tensor.data_ptr()
+        if key in seen and tensor.numel() > 0:
+            continue
+        seen[key] = name
+        out[name] = tensor.detach().contiguous().cpu()
+    return out
+
+
+def save_weights(model: nn.Module, path: Path, metadata: dict[str, str] | None = None) -> None:
+    """Atomically write the model's weights as safetensors."""
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(model_tensors(model), str(tmp), metadata=metadata)
+    fsync_file(tmp)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def load_weights(model: nn.Module, path: Path) -> None:
+    """Load safetensors weights into `model`, with a clear error when they do not fit."""
+    tensors = read_safetensors(path)
+    expected = model_tensors(model)
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{path}: weights do not match the model config "
+            f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
+    for name, tensor in tensors.items():
+        if tensor.shape != expected[name].shape:
+            raise CheckpointError(
+                f"{path}: {name} has shape {tuple(tensor.shape)}, the config expects "
+                f"{tuple(expected[name].shape)}"
+            )
+    model.load_state_dict(tensors, strict=False)
+
+
+def read_safetensors(path: Path) -> dict[str, Tensor]:
+    if not path.is_file():
+        raise CheckpointError(f"{path}: file not found")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as error:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({error})") from None
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """Split an optimizer's state into tensors (for safetensors) and plain values (for JSON)."""
+    state = optimizer.state_dict()
+    tensors: dict[str, Tensor] = {}
+    plain: dict[str, Any] = {"param_groups": state["param_groups"], "state": {}}
+    for param_id, values in state["state"].items():
+        plain["state"][str(param_id)] = {}
+        for key, value in values.items():
+            if isinstance(value, Tensor):
+                tensors[f"{param_id}.{key}"] = value.detach().contiguous().cpu()
+            else:
+                plain["state"][str(param_id)][key] = value
+    return tensors, plain
+
+
+def restore_optimizer(
+    optimizer: torch.optim.Optimizer, tensors: dict[str, Tensor], plain: dict[str, Any]
+) -> None:
+    state: dict[int, dict[str, Any]] = {}
+    for param_id, values in plain["state"].items():
+        state[int(param_id)] = dict(values)
+    for name, tensor in tensors.items():
+        param_id, key = name.split(".", 1)
+        state.setdefault(int(param_id), {})[key] = tensor
+    optimizer.load_state_dict({"state": state, "param_groups": plain["param_groups"]})
+
+
+def save_checkpoint(
+    directory: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    state: dict[str, Any],
+    rng: dict[str, Tensor],
+) -> Path:
+    """Write one checkpoint atomically into `directory` (its final name)."""
+    tmp = directory.with_name(directory.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    opt_tensors, opt_plain = optimizer_tensors(optimizer)
+    save_file(model_tensors(model), str(tmp / "model.safetensors"))
+    save_file(
+        {**opt_tensors, **{f"rng.{k}": v for k, v in rng.items()}},
+        str(tmp / "optimizer.safetensors"),
+    )
+    files = {name: sha256(tmp / name) for name in ("model.safetensors", "optimizer.safetensors")}
+    for name in files:
+        fsync_file(tmp / name)
+    record = {"format_version": FORMAT_VERSION, "files": files, "optimizer": opt_plain, **state}
+    with (tmp / STATE_FILE).open("w", encoding="utf-8") as handle:
+        json.dump(record, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    fsync_dir(tmp)
+    if directory.exists():
+        shutil.rmtree(directory)
+    os.replace(tmp, directory)
+    fsync_dir(directory.parent)
+    return directory
+
+
+def verify_checkpoint(directory: Path) -> dict[str, Any]:
+    """Read and check a checkpoint's state.json and checksums; return the state."""
+    state_path = directory / STATE_FILE
+    if not state_path.is_file():
+        raise CheckpointError(f"{directory}: incomplete checkpoint (no {STATE_FILE})")
+    try:
+        record = json.loads(state_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"{state_path}: corrupt ({error})") from None
+    if not isinstance(record, dict) or record.get("format_version") != FORMAT_VERSION:
+        found = record.get("format_version") if isinstance(record, dict) else None
+        raise CheckpointError(
+            f"{state_path}: checkpoint format {found!r}, this qkv reads {FORMAT_VERSION}"
+        )
+    for name, digest in record.get("files", {}).items():
+        path = directory / name
+        if not path.is_file():
+            raise CheckpointError(f"{path}: missing from the checkpoint")
+        if sha256(path) != digest:
+            raise CheckpointError(f"{path}: checksum mismatch (the file is torn or corrupt)")
+    return record
+
+
+def load_checkpoint(
+    directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None
+) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    """Restore model (and optimizer) from a verified checkpoint; return its state and RNG."""
+    record = verify_checkpoint(directory)
+    load_weights(model, directory / "model.safetensors")
+    extra = read_safetensors(directory / "optimizer.safetensors")
+    rng = {k.removeprefix("rng."): v for k, v in extra.items() if k.startswith("rng.")}
+    if optimizer is not None:
+        opt = {k: v for k, v in extra.items() if not k.startswith("rng.")}
+        try:
+            restore_optimizer(optimizer, opt, record["optimizer"])
+        except (KeyError, ValueError, RuntimeError) as error:
+            raise CheckpointError(f"{directory}: optimizer state does not fit ({error})") from None
+    return record, rng
+
+
+def list_checkpoints(root: Path) -> list[Path]:
+    """Finished checkpoints under `root`, oldest first (temporary ones are ignored)."""
+    if not root.is_dir():
+        return []
+    found = [
+        p
+        for p in root.iterdir()
+        if p.is_dir() and p.name.startswith("step-") and not p.name.endswith(".tmp")
+    ]
+    return sorted(found, key=lambda p: p.name)
+
+
+def latest_good_checkpoint(root: Path) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint that verifies, and a message for each newer one that does not."""
+    problems: list[str] = []
+    for directory in reversed(list_checkpoints(root)):
+        try:
+            verify_checkpoint(directory)
+        except CheckpointError as error:
+            problems.append(str(error))
+            continue
+        return directory, problems
+    return None, problems
+
+
+def prune_checkpoints(root: Path, keep: int) -> None:
+    """Delete all but the newest `keep` checkpoints."""
+    for directory in list_checkpoints(root)[:-keep] if keep > 0 else []:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def average_weights(directories: list[Path]) -> dict[str, Tensor]:
+    """The element-wise mean of the model weights of several checkpoints."""
+    total: dict[str, Tensor] = {}
+    for directory in directories:
+        verify_checkpoint(directory)
+        for name, tensor in read_safetensors(directory / "model.safetensors").items():
+            if tensor.is_floating_point():
+                total[name] = (
+                    total.get(name, torch.zeros_like(tensor, dtype=torch.float64)) + tensor
+                )
+            else:
+                total[name] = tensor
+    return {
+        name: (t / len(directories)).float() if t.dtype == torch.float64 else t
+        for name, t in total.items()
+    }

@@ -1,0 +1,32 @@
+"""What the trainer needs from a task (translation, classification, ...)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+
+
+class TrainingTask(Protocol):
+    """A model, its batches, its loss and its validation, seen from the trainer."""
+
+    model: nn.Module
+    metric: str  # the validation metric to maximise ("bleu", "accuracy", ...)
+
+    def batches(self, epoch: int) -> Sequence[Any]:
+        """The training batches of `epoch`, in order; a pure function of (seed, epoch)."""
+        ...
+
+    def n_targets(self, batch: Any) -> int:
+        """The number of loss terms (target tokens or examples) in a batch."""
+        ...
+
+    def loss(self, batch: Any, device: torch.device) -> tuple[Tensor, dict[str, float]]:
+        """Summed loss of a batch and extra statistics to log (e.g. correct predictions)."""
+        ...
+
+    def evaluate(self, device: torch.device) -> dict[str, float]:
+        """Validation metrics, including "loss" and `metric`."""
+        ...

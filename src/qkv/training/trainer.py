@@ -1,0 +1,311 @@
+"""One trainer for every task: steps, validation, logging, checkpoints, resume, signals."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import signal
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from qkv.errors import CheckpointError, QkvError
+from qkv.training import checkpoint as ckpt
+from qkv.training.config import TrainConfig
+from qkv.training.schedules import inverse_sqrt
+from qkv.training.task import TrainingTask
+
+
+class TrainingInterrupted(QkvError):
+    """Training stopped on SIGINT/SIGTERM after saving a checkpoint."""
+
+
+class TrainingDiverged(QkvError):
+    """Training stopped after too many non-finite steps in a row."""
+
+
+@dataclass
+class Progress:
+    """Where training is; saved in every checkpoint."""
+
+    step: int = 0  # optimiser steps done
+    epoch: int = 0  # current epoch
+    batch_index: int = 0  # next batch of the current epoch
+    best: float = -math.inf  # best validation metric so far
+    best_step: int = 0
+    evals_since_best: int = 0
+    elapsed: float = 0.0  # training seconds, validation excluded
+    bad_steps: int = 0  # non-finite steps in a row
+    skipped_steps: int = 0  # non-finite steps in all
+    done: bool = False
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+def rank() -> int:
+    """This process's rank under torchrun (0 when not distributed)."""
+    return int(os.environ.get("RANK", "0"))
+
+
+class MetricsLog:
+    """Append-only JSONL metrics in the run directory (main process only)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def write(self, record: dict[str, Any]) -> None:
+        if rank() != 0:
+            return
+        with self.path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+            handle.flush()
+
+    def truncate_after(self, step: int) -> None:
+        """Drop records newer than `step` (written after the checkpoint we resume from)."""
+        if not self.path.exists():
+            return
+        kept = []
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict) and record.get("step", 0) <= step:
+                kept.append(line)
+        ckpt.atomic_write_text(self.path, "".join(x + "\n" for x in kept))
+
+
+@contextlib.contextmanager
+def stop_signals() -> Iterator[list[str]]:
+    """Record SIGINT/SIGTERM instead of dying; the trainer checks the list after each step."""
+    received: list[str] = []
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        received.append(signal.Signals(signum).name)
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield received
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+class Trainer:
+    """Trains `task.model` into `run_dir`, resuming from its newest good checkpoint if asked."""
+
+    def __init__(
+        self, task: TrainingTask, config: TrainConfig, run_dir: Path, device: torch.device
+    ):
+        self.task, self.config, self.run_dir, self.device = task, config, run_dir, device
+        self.model = task.model.to(device)
+        decay = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            decay,
+            lr=config.lr,
+            betas=(config.beta1, config.beta2),
+            weight_decay=config.weight_decay,
+            foreach=True,
+        )
+        self.progress = Progress()
+        self.log = MetricsLog(run_dir / "metrics.jsonl")
+        self.checkpoints = run_dir / "checkpoints"
+
+    # ----------------------------------------------------------------- state
+    def rng_state(self) -> dict[str, torch.Tensor]:
+        state = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            state["cuda"] = torch.cuda.get_rng_state()
+        return state
+
+    def save(self) -> Path:
+        p = self.progress
+        directory = self.checkpoints / f"step-{p.step:07d}"
+        if rank() == 0:
+            ckpt.save_checkpoint(
+                directory, self.model, self.optimizer, {"progress": vars(p)}, self.rng_state()
+            )
+            ckpt.prune_checkpoints(
+                self.checkpoints, max(self.config.keep_checkpoints, self.config.average_last)
+            )
+        return directory
+
+    def resume(self) -> None:
+        """Continue from the newest checkpoint that verifies; say which were skipped."""
+        directory, problems = ckpt.latest_good_checkpoint(self.checkpoints)
+        for problem in problems:
+            print(f"warning: skipping bad checkpoint: {problem}")
+        if directory is None:
+            raise CheckpointError(f"{self.checkpoints}: no complete checkpoint to resume from")
+        record, rng = ckpt.load_checkpoint(directory, self.model, self.optimizer)
+        try:
+            self.progress = Progress(**record["progress"])
+        except (KeyError, TypeError) as error:
+            raise CheckpointError(f"{directory}: progress record unreadable ({error})") from None
+        torch.set_rng_state(rng["torch"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state(rng["cuda"])
+        self.log.truncate_after(self.progress.step)
+        print(f"resuming from {directory} (step {self.progress.step}, epoch {self.progress.epoch})")
+
+    # ----------------------------------------------------------------- loop
+    def train(self) -> Progress:
+        """Run until max_epochs / max_steps / max_minutes / early stopping."""
+        c, p = self.config, self.progress
+        with stop_signals() as received:
+            bar = tqdm(
+                total=c.max_steps or None,
+                initial=p.step,
+                unit="step",
+                disable=None if rank() == 0 else True,
+                dynamic_ncols=True,
+            )
+            while not p.done and p.epoch < c.max_epochs:
+                batches = self.task.batches(p.epoch)
+                while p.batch_index < len(batches):
+                    group = batches[p.batch_index : p.batch_index + c.accumulate]
+                    self.step(group, bar)
+                    p.batch_index += len(group)
+                    if received:
+                        self.save()
+                        raise TrainingInterrupted(
+                            f"{received[0]} received: checkpoint saved at step {p.step}; "
+                            f"continue with: qkv train --resume {self.run_dir}"
+                        )
+                    if self.should_stop():
+                        p.done = True
+                        break
+                    if p.step % c.eval_every == 0:
+                        self.validate()
+                        if p.done:
+                            break
+                if not p.done:
+                    p.epoch, p.batch_index = p.epoch + 1, 0
+            bar.close()
+        if not p.history or p.history[-1]["step"] != p.step:
+            self.validate()
+        self.finish()
+        return p
+
+    def should_stop(self) -> bool:
+        c, p = self.config, self.progress
+        return bool(
+            (c.max_steps and p.step >= c.max_steps)
+            or (c.max_minutes and p.elapsed >= c.max_minutes * 60)
+        )
+
+    def step(self, group: Sequence[Any], bar: tqdm) -> None:
+        """One optimiser step over `group` (gradient accumulation), skipping non-finite ones."""
+        c, p = self.config, self.progress
+        start = time.perf_counter()
+        self.model.train()
+        lr = inverse_sqrt(p.step + 1, c.lr, c.warmup)
+        for param_group in self.optimizer.param_groups:
+            param_group["lr"] = lr
+        total = sum(self.task.n_targets(b) for b in group)
+        loss_sum, stats = 0.0, dict[str, float]()
+        for batch in group:
+            with self.autocast():
+                loss, extra = self.task.loss(batch, self.device)
+            (loss / max(total, 1)).backward()
+            loss_sum += float(loss.detach())
+            for key, value in extra.items():
+                stats[key] = stats.get(key, 0.0) + value
+        norm = (
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.clip_norm)
+            if c.clip_norm > 0
+            else torch.tensor(0.0)
+        )
+        if not (math.isfinite(loss_sum) and math.isfinite(float(norm))):
+            self.optimizer.zero_grad(set_to_none=True)
+            p.bad_steps += 1
+            p.skipped_steps += 1
+            print(f"warning: non-finite loss or gradient at step {p.step + 1}; step skipped")
+            if p.bad_steps >= c.max_bad_steps:
+                last = ckpt.latest_good_checkpoint(self.checkpoints)[0]
+                raise TrainingDiverged(
+                    f"{p.bad_steps} non-finite steps in a row at step {p.step}: stopping. "
+                    f"Last good checkpoint: {last or 'none'}; try a lower lr or more warmup"
+                )
+            return
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        p.bad_steps = 0
+        p.step += 1
+        seconds = time.perf_counter() - start
+        p.elapsed += seconds
+        loss_per_target = loss_sum / max(total, 1)
+        bar.update(1)
+        bar.set_postfix(
+            loss=f"{loss_per_target:.3f}",
+            lr=f"{lr:.2e}",
+            tok_s=f"{total / seconds:.0f}",
+            epoch=p.epoch,
+        )
+        if p.step % c.log_every == 0 or p.step == 1:
+            record = {
+                "split": "train",
+                "step": p.step,
+                "epoch": p.epoch,
+                "loss": loss_per_target,
+                "lr": lr,
+                "targets_per_s": total / seconds,
+                "elapsed_s": p.elapsed,
+            }
+            record.update({k: v / max(total, 1) for k, v in stats.items()})
+            self.log.write(record)
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.device.type == "cuda" and self.config.bf16:
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def validate(self) -> None:
+        """Validate, log, keep the best weights, checkpoint, and apply early stopping."""
+        c, p = self.config, self.progress
+        self.model.eval()
+        with torch.no_grad(), self.autocast():
+            metrics = self.task.evaluate(self.device)
+        value = metrics[self.task.metric]
+        self.log.write({"split": "valid", "step": p.step, "epoch": p.epoch, **metrics})
+        p.history.append({"step": p.step, **metrics})
+        if value > p.best:
+            p.best, p.best_step, p.evals_since_best = value, p.step, 0
+            if rank() == 0:
+                ckpt.save_weights(self.model, self.run_dir / "model.safetensors")
+        else:
+            p.evals_since_best += 1
+            if c.patience and p.evals_since_best >= c.patience:
+                print(f"early stopping: no better {self.task.metric} for {c.patience} validations")
+                p.done = True
+        summary = " ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+        tqdm.write(f"step {p.step} valid: {summary} (best {p.best:.4g} at step {p.best_step})")
+        self.save()
+
+    def finish(self) -> None:
+        """Try the average of the last k checkpoints; keep it if it validates better."""
+        c, p = self.config, self.progress
+        found = ckpt.list_checkpoints(self.checkpoints)[-c.average_last :] if c.average_last else []
+        if len(found) < 2 or rank() != 0:
+            return
+        averaged = ckpt.average_weights(found)
+        self.model.load_state_dict(averaged, strict=False)
+        self.model.eval()
+        with torch.no_grad(), self.autocast():
+            metrics = self.task.evaluate(self.device)
+        self.log.write({"split": "valid", "step": p.step, "averaged": len(found), **metrics})
+        tqdm.write(
+            f"average of last {len(found)} checkpoints: {self.task.metric} "
+            f"{metrics[self.task.metric]:.4g} (best single {p.best:.4g})"
+        )
+        if metrics[self.task.metric] > p.best:
+            p.best = metrics[self.task.metric]
+            ckpt.save_weights(self.model, self.run_dir / "model.safetensors")
+        ckpt.load_weights(self.model, self.run_dir / "model.safetensors")

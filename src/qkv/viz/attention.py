@@ -1,0 +1,248 @@
+"""Attention heatmaps: one panel per (kind, layer, head), tokens on both axes.
+
+Figures are built on `matplotlib.figure.Figure` with the Agg canvas, never through pyplot, so
+plotting touches no global figure state and needs no display.
+
+Shapes: `H` heads, `Tq` query positions (rows), `Tk` key positions (columns).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import uuid
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+import torch
+from matplotlib import font_manager
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from qkv.errors import QkvError
+
+DPI = 110
+MAX_COLUMNS = 4
+
+# DejaVu Sans ships with matplotlib and covers Latin, Greek and Cyrillic; the others cover
+# scripts it lacks (CJK, Arabic, Devanagari, ...) and are used when the machine has them.
+PREFERRED_FONTS = (
+    "DejaVu Sans",
+    "Noto Sans",
+    "Noto Sans CJK SC",
+    "Noto Sans CJK JP",
+    "Noto Sans SC",
+    "Source Han Sans SC",
+    "WenQuanYi Zen Hei",
+    "Microsoft YaHei",
+    "SimHei",
+    "Noto Sans Arabic",
+    "Noto Sans Devanagari",
+    "Noto Sans Hebrew",
+    "Arial Unicode MS",
+)
+
+# Inches taken by one token cell, by one character of a tick label, and by the smallest panel.
+_CELL_INCHES = 0.24
+_CHAR_INCHES = 0.075
+_MIN_PANEL_INCHES = 2.6
+
+
+@dataclass
+class AttentionPanel:
+    """One heatmap: how much each query position attends to each key position.
+
+    Args:
+        weights: attention weights, shape (Tq, Tk); rows sum to about 1 (or are all zero for
+            fully masked queries). A tensor on any device, or a numpy array.
+        query_tokens: the Tq tokens labelling the rows.
+        key_tokens: the Tk tokens labelling the columns.
+        title: the panel's caption, e.g. "encoder self · layer 2 · head 3".
+    """
+
+    weights: torch.Tensor | np.ndarray
+    query_tokens: list[str]
+    key_tokens: list[str]
+    title: str
+
+    def __post_init__(self) -> None:
+        shape = tuple(self.weights.shape)
+        expected = (len(self.query_tokens), len(self.key_tokens))
+        if shape != expected:
+            raise ValueError(
+                f"attention panel {self.title!r}: weights have shape {shape} but there are "
+                f"{expected[0]} query and {expected[1]} key tokens"
+            )
+
+    def as_array(self) -> np.ndarray:
+        """Returns the weights as a float numpy array of shape (Tq, Tk)."""
+        if isinstance(self.weights, torch.Tensor):
+            return self.weights.detach().to("cpu", torch.float32).numpy()
+        return np.asarray(self.weights, dtype=np.float32)
+
+
+def select_panels(
+    maps: dict[str, list[torch.Tensor]],
+    query_tokens_by_kind: dict[str, list[str]],
+    key_tokens_by_kind: dict[str, list[str]],
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+) -> list[AttentionPanel]:
+    """Picks the (layer, head) maps to draw for one sentence.
+
+    Args:
+        maps: per kind ("encoder self", "decoder self", "cross"), one tensor per layer, each of
+            shape (H, Tq, Tk) for a single sentence.
+        query_tokens_by_kind: per kind, the Tq tokens of the queries (target tokens for
+            "decoder self" and "cross", source tokens for "encoder self").
+        key_tokens_by_kind: per kind, the Tk tokens of the keys.
+        layers: 0-based layer indices to keep, in the order given; None keeps all.
+        heads: 0-based head indices to keep, in the order given; None keeps all.
+
+    Returns:
+        Panels ordered by kind, then layer, then head, titled with the same 0-based indices,
+        e.g. "cross · layer 0 · head 3".
+
+    Raises:
+        QkvError: if a layer or head index is out of range, or a kind has no tokens.
+    """
+    panels = []
+    for kind, per_layer in maps.items():
+        if kind not in query_tokens_by_kind or kind not in key_tokens_by_kind:
+            raise QkvError(f"no tokens were given for the {kind} attention maps")
+        layer_indices = _checked_indices(layers, len(per_layer), "layer", kind)
+        for layer in layer_indices:
+            weights_HQK = per_layer[layer]
+            if weights_HQK.dim() != 3:
+                raise QkvError(
+                    f"{kind} attention of layer {layer} should have shape (heads, queries, keys),"
+                    f" got {tuple(weights_HQK.shape)}"
+                )
+            for head in _checked_indices(heads, weights_HQK.shape[0], "head", kind):
+                panels.append(
+                    AttentionPanel(
+                        weights=weights_HQK[head],  # (Tq, Tk)
+                        query_tokens=list(query_tokens_by_kind[kind]),
+                        key_tokens=list(key_tokens_by_kind[kind]),
+                        title=f"{kind} · layer {layer} · head {head}",
+                    )
+                )
+    return panels
+
+
+def _checked_indices(wanted: Sequence[int] | None, count: int, what: str, kind: str) -> list[int]:
+    """Returns `wanted` (or all of 0..count-1), after checking each index is in range."""
+    if wanted is None:
+        return list(range(count))
+    for index in wanted:
+        if not 0 <= index < count:
+            raise QkvError(
+                f"{what} {index} is out of range: the {kind} attention has {count} {what}s "
+                f"(0..{count - 1})"
+            )
+    return list(wanted)
+
+
+def plot_attention(
+    panels: Sequence[AttentionPanel], out_path: str | Path, title: str | None = None
+) -> Path:
+    """Draws attention heatmaps in a grid and writes them to a PNG.
+
+    The grid is roughly square with at most four columns; each panel is sized from its token
+    counts and label lengths so that every token stays readable. All panels share one colour
+    scale from 0 to 1.
+
+    Args:
+        panels: the heatmaps to draw, in reading order.
+        out_path: where to write the PNG; missing parent directories are created.
+        title: an optional caption above the whole grid.
+
+    Returns:
+        The path written.
+
+    Raises:
+        QkvError: if `panels` is empty.
+    """
+    if not panels:
+        raise QkvError("there are no attention maps to plot")
+    n_columns = min(MAX_COLUMNS, math.ceil(math.sqrt(len(panels))))
+    n_rows = math.ceil(len(panels) / n_columns)
+    panel_width = max(_panel_size(p.key_tokens, p.query_tokens) for p in panels)
+    panel_height = max(_panel_size(p.query_tokens, p.key_tokens) for p in panels)
+    width = n_columns * panel_width + 0.9  # + colour bar
+    height = n_rows * panel_height + (0.5 if title else 0.0)
+
+    with _multilingual_text():
+        figure = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+        FigureCanvasAgg(figure)
+        axes = list(figure.subplots(n_rows, n_columns, squeeze=False).flat)
+        for ax in axes[len(panels) :]:
+            ax.set_axis_off()
+        for ax, panel in zip(axes, panels, strict=False):
+            image = ax.imshow(panel.as_array(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+            ax.set_xticks(range(len(panel.key_tokens)), panel.key_tokens, rotation=90)
+            ax.set_yticks(range(len(panel.query_tokens)), panel.query_tokens)
+            ax.tick_params(labelsize=8)
+            ax.set_xlabel("keys", fontsize=8)
+            ax.set_ylabel("queries", fontsize=8)
+            ax.set_title(panel.title, fontsize=9)
+        figure.colorbar(image, ax=axes, shrink=0.8, label="attention weight")
+        if title:
+            figure.suptitle(title)
+        return save_png(figure, out_path)
+
+
+def _panel_size(along: Sequence[str], across: Sequence[str]) -> float:
+    """Inches a panel needs in one direction: a cell per token plus room for the longest label
+    of the other axis, whose labels are written across this direction."""
+    longest_label = max((len(token) for token in across), default=0)
+    return max(_MIN_PANEL_INCHES, len(along) * _CELL_INCHES + longest_label * _CHAR_INCHES + 0.8)
+
+
+@lru_cache(maxsize=1)
+def _available_fonts() -> list[str]:
+    """The families of `PREFERRED_FONTS` installed on this machine, in order of preference."""
+    installed = {font.name for font in font_manager.fontManager.ttflist}
+    return [name for name in PREFERRED_FONTS if name in installed] or ["sans-serif"]
+
+
+@contextmanager
+def _multilingual_text() -> Iterator[None]:
+    """Draws text with fallback fonts, silencing warnings about glyphs no font has."""
+    with (
+        matplotlib.rc_context({"font.family": _available_fonts()}),
+        warnings.catch_warnings(),
+    ):
+        warnings.filterwarnings("ignore", message=r"Glyph .* missing from")
+        yield
+
+
+def save_png(figure: Figure, out_path: str | Path) -> Path:
+    """Writes a figure to a PNG atomically: readers see the old file or the new, never half.
+
+    Args:
+        figure: a figure attached to an Agg canvas.
+        out_path: the destination; missing parent directories are created.
+
+    Returns:
+        The destination path.
+    """
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    # A unique sibling in the same directory, so that os.replace is a rename on one file system;
+    # opened with open() rather than mkstemp so that the file gets the usual umask permissions.
+    temp_path = out_path.with_name(f".{out_path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(temp_path, "xb") as temp_file:
+            figure.savefig(temp_file, format="png", dpi=DPI)
+        os.replace(temp_path, out_path)
+    except BaseException:
+        temp_path.unlink(missing_ok=True)
+        raise
+    return out_path

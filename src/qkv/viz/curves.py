@@ -1,0 +1,151 @@
+"""Training curves from a run's `metrics.jsonl`: loss, learning rate and validation metrics.
+
+The log holds one JSON object per line, such as
+`{"split": "train", "step": 100, "epoch": 1, "loss": 3.2, "lr": 0.0005, "tokens_per_s": 2100.0}`
+and `{"split": "valid", "step": 100, "epoch": 1, "loss": 2.9, "bleu": 30.1}`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from qkv.errors import DataError
+from qkv.viz.attention import DPI, save_png
+
+# Fields that are bookkeeping, not metrics worth a panel of their own.
+_NOT_METRICS = {"split", "step", "epoch", "loss", "lr", "tokens_per_s"}
+_DISPLAY_NAMES = {"loss": "Loss", "bleu": "BLEU", "chrf": "chrF", "accuracy": "Accuracy"}
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """Reads a metrics log written one JSON object per line.
+
+    A last line cut short (a run killed mid-write) is skipped without complaint; a malformed
+    line anywhere else is an error. Blank lines are ignored.
+
+    Args:
+        path: the `metrics.jsonl` file.
+
+    Returns:
+        The records, in file order.
+
+    Raises:
+        DataError: if the file cannot be read, or a line other than the last is not a JSON
+            object.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise DataError(path, f"cannot read the metrics log: {error}") from error
+    lines = text.splitlines()
+    records = []
+    for line_number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            if line_number == len(lines):
+                break  # torn by an interrupted write
+            raise DataError(path, f"not valid JSON: {error.msg}", line_number) from error
+        if not isinstance(record, dict):
+            raise DataError(path, "expected a JSON object", line_number)
+        records.append(record)
+    return records
+
+
+def plot_curves(metrics_path: str | Path, out_path: str | Path) -> Path:
+    """Plots a run's training curves to a PNG.
+
+    Panels: train and valid loss against step; learning rate against step; then one panel per
+    metric found in valid records (BLEU, chrF, accuracy, ...), with the train values of the same
+    metric on the same axes when train records carry it.
+
+    Args:
+        metrics_path: the run's `metrics.jsonl`.
+        out_path: where to write the PNG; missing parent directories are created.
+
+    Returns:
+        The path written.
+
+    Raises:
+        DataError: if the log cannot be read, is malformed, or has no train or valid records
+            with a step.
+    """
+    records = read_metrics(metrics_path)
+    train = [r for r in records if r.get("split") == "train"]
+    valid = [r for r in records if r.get("split") == "valid"]
+    if not any(_is_number(r.get("step")) for r in train + valid):
+        raise DataError(metrics_path, "no train or valid records with a step to plot")
+
+    panels = ["loss"]
+    if _series(train, "lr")[0]:
+        panels.append("lr")
+    panels += _valid_metrics(valid)
+
+    n_columns = min(2, len(panels))
+    n_rows = math.ceil(len(panels) / n_columns)
+    figure = Figure(figsize=(5.5 * n_columns, 3.8 * n_rows), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = list(figure.subplots(n_rows, n_columns, squeeze=False).flat)
+    for ax in axes[len(panels) :]:
+        ax.set_axis_off()
+    for ax, metric in zip(axes, panels, strict=False):
+        if metric == "lr":
+            _draw(ax, train, "lr", label=None, style="-")
+            _decorate(ax, "Learning rate", "learning rate")
+            ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+        else:
+            name = _DISPLAY_NAMES.get(metric, metric)
+            _draw(ax, train, metric, label=f"train {name.lower()}", style="-")
+            _draw(ax, valid, metric, label=f"valid {name.lower()}", style="o-")
+            _decorate(ax, name, name.lower())
+    figure.suptitle(Path(metrics_path).parent.name or "training curves")
+    return save_png(figure, out_path)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _series(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    """Returns (steps, values) of the records that carry both a numeric step and `key`."""
+    points = [
+        (float(r["step"]), float(r[key]))
+        for r in records
+        if _is_number(r.get("step")) and _is_number(r.get(key))
+    ]
+    return [step for step, _ in points], [value for _, value in points]
+
+
+def _valid_metrics(valid: list[dict[str, Any]]) -> list[str]:
+    """Names of the numeric metrics in valid records other than loss, in first-seen order."""
+    names: dict[str, None] = {}
+    for record in valid:
+        for key, value in record.items():
+            if key not in _NOT_METRICS and _is_number(value):
+                names[key] = None
+    return list(names)
+
+
+def _draw(ax: Axes, records: list[dict[str, Any]], key: str, label: str | None, style: str) -> None:
+    steps, values = _series(records, key)
+    if steps:
+        ax.plot(steps, values, style, label=label, markersize=3)
+
+
+def _decorate(ax: Axes, title: str, y_label: str) -> None:
+    ax.set_title(title)
+    ax.set_xlabel("step")
+    ax.set_ylabel(y_label)
+    ax.grid(True, alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()

@@ -1,0 +1,161 @@
+"""Batches respect the token budget, cover every example once, and collate to the right tensors."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from qkv.data.batching import (
+    PairBatch,
+    collate_pairs,
+    collate_texts,
+    pair_lengths,
+    token_budget_batches,
+    truncate,
+)
+from qkv.data.special import BOS_ID, CLS_ID, EOS_ID, PAD_ID
+
+
+def random_lengths(n: int = 2000, seed: int = 0) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randint(1, 80) for _ in range(n)]
+
+
+def padding_fraction(lengths: list[int], batches: list[list[int]]) -> float:
+    padded = sum(len(batch) * max(lengths[i] for i in batch) for batch in batches)
+    return 1 - sum(lengths) / padded
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("max_sentences", [None, 7])
+def test_budget_and_coverage(shuffle: bool, max_sentences: int | None) -> None:
+    lengths = [*random_lengths(), 500, 1000]  # two examples longer than the budget
+    batches = token_budget_batches(
+        lengths, 400, shuffle=shuffle, seed=3, epoch=1, max_sentences=max_sentences
+    )
+    assert sorted(i for batch in batches for i in batch) == list(range(len(lengths)))
+    for batch in batches:
+        assert batch
+        assert len(batch) * max(lengths[i] for i in batch) <= 400 or len(batch) == 1
+        if max_sentences is not None:
+            assert len(batch) <= max_sentences
+    assert [len(lengths) - 2] in batches and [len(lengths) - 1] in batches
+
+
+def test_batches_are_full() -> None:
+    lengths = [10] * 95
+    batches = token_budget_batches(lengths, 100, shuffle=False, seed=0, epoch=0)
+    assert [len(batch) for batch in batches] == [10] * 9 + [5]
+
+
+def test_bucketing_pads_less_than_random_order() -> None:
+    lengths = random_lengths()
+    bucketed = token_budget_batches(lengths, 800, shuffle=True, seed=0, epoch=0)
+    order = list(range(len(lengths)))
+    random.Random(0).shuffle(order)
+    random_batches = [order[i : i + 20] for i in range(0, len(order), 20)]
+    assert padding_fraction(lengths, bucketed) < 0.1
+    assert padding_fraction(lengths, bucketed) < padding_fraction(lengths, random_batches) / 3
+
+
+def test_deterministic_per_seed_and_epoch() -> None:
+    lengths = random_lengths()
+
+    def batches(seed: int, epoch: int) -> list[list[int]]:
+        return token_budget_batches(lengths, 500, shuffle=True, seed=seed, epoch=epoch)
+
+    assert batches(1, 2) == batches(1, 2)
+    assert batches(1, 2) != batches(1, 3)
+    assert batches(1, 2) != batches(2, 2)
+    first, second = batches(1, 2), batches(1, 3)
+    assert {tuple(sorted(b)) for b in first} != {tuple(sorted(b)) for b in second}
+
+
+def test_without_shuffle_sorted_by_length() -> None:
+    lengths = random_lengths(300)
+    batches = token_budget_batches(lengths, 300, shuffle=False, seed=0, epoch=0)
+    flat = [lengths[i] for batch in batches for i in batch]
+    assert flat == sorted(lengths)
+    assert batches == token_budget_batches(lengths, 300, shuffle=False, seed=9, epoch=4)
+
+
+def test_empty_lengths_and_bad_arguments() -> None:
+    assert token_budget_batches([], 100, shuffle=True, seed=0, epoch=0) == []
+    with pytest.raises(ValueError):
+        token_budget_batches([1], 0, shuffle=False, seed=0, epoch=0)
+    with pytest.raises(ValueError):
+        token_budget_batches([1], 10, shuffle=False, seed=0, epoch=0, max_sentences=0)
+
+
+def test_pair_lengths() -> None:
+    assert pair_lengths([[1, 2, 3], [1]], [[1], [1, 2, 3, 4]]) == [4, 5]
+
+
+def test_collate_pairs_values() -> None:
+    batch = collate_pairs([[5, 6, 7], [8]], [[9], [10, 11, 12]])
+    assert isinstance(batch, PairBatch)
+    assert batch.src.tolist() == [[5, 6, 7], [8, PAD_ID, PAD_ID]]
+    assert batch.tgt_in.tolist() == [[BOS_ID, 9, PAD_ID, PAD_ID], [BOS_ID, 10, 11, 12]]
+    assert batch.labels.tolist() == [[9, EOS_ID, PAD_ID, PAD_ID], [10, 11, 12, EOS_ID]]
+    assert batch.src.dtype == batch.tgt_in.dtype == batch.labels.dtype == torch.long
+    assert batch.n_target_tokens == 2 + 4
+
+
+def test_collate_pairs_shapes_random() -> None:
+    rng = random.Random(1)
+    src = [[rng.randint(5, 99) for _ in range(rng.randint(1, 12))] for _ in range(16)]
+    tgt = [[rng.randint(5, 99) for _ in range(rng.randint(0, 9))] for _ in range(16)]
+    batch = collate_pairs(src, tgt)
+    assert batch.src.shape == (16, max(map(len, src)))
+    assert batch.tgt_in.shape == batch.labels.shape == (16, max(map(len, tgt)) + 1)
+    for row, (s, t) in enumerate(zip(src, tgt, strict=True)):
+        assert batch.src[row, : len(s)].tolist() == s
+        assert batch.tgt_in[row, 1 : len(t) + 1].tolist() == t
+        assert batch.labels[row, : len(t)].tolist() == t
+        assert (batch.labels[row, len(t) + 1 :] == PAD_ID).all()
+    # Teacher forcing: the decoder input is the labels shifted right by one.
+    filled = batch.tgt_in[:, 1:] != PAD_ID
+    assert torch.equal(batch.tgt_in[:, 1:][filled], batch.labels[:, :-1][filled])
+    assert batch.n_target_tokens == sum(len(t) + 1 for t in tgt)
+
+
+def test_collate_pairs_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="empty batch"):
+        collate_pairs([], [])
+    with pytest.raises(ValueError, match="sources"):
+        collate_pairs([[5]], [])
+    with pytest.raises(ValueError, match="source sequence 1"):
+        collate_pairs([[5], []], [[6], [7]])
+
+
+def test_collate_texts() -> None:
+    batch = collate_texts([[5, 6], [7]], [1, 0])
+    assert batch.ids.tolist() == [[5, 6], [7, PAD_ID]]
+    assert batch.labels.tolist() == [1, 0]
+    assert batch.labels.dtype == torch.long
+    with_cls = collate_texts([[5, 6], [7]], [1, 0], cls=True)
+    assert with_cls.ids.tolist() == [[CLS_ID, 5, 6], [CLS_ID, 7, PAD_ID]]
+
+
+def test_batch_to_device_keeps_values() -> None:
+    batch = collate_pairs([[5, 6]], [[7]])
+    moved = batch.to("cpu")
+    assert torch.equal(moved.src, batch.src) and torch.equal(moved.labels, batch.labels)
+
+
+@pytest.mark.parametrize(
+    ("max_len", "head_tail", "expected"),
+    [
+        (4, False, [0, 1, 2, 3]),
+        (4, True, [0, 7, 8, 9]),
+        (8, True, [0, 1, 4, 5, 6, 7, 8, 9]),
+        (1, True, [9]),
+        (20, True, list(range(10))),
+    ],
+)
+def test_truncate(max_len: int, head_tail: bool, expected: list[int]) -> None:
+    ids = list(range(10))
+    assert truncate(ids, max_len, head_tail=head_tail) == expected
+    assert ids == list(range(10))

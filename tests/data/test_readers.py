@@ -1,0 +1,203 @@
+"""Readers return clean lines and records, and every bad file becomes a DataError with a place."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+
+from qkv.data.readers import find_split, read_labelled, read_lines, read_parallel, read_texts
+from qkv.errors import DataError
+
+
+def write(path: Path, data: bytes | str) -> Path:
+    path.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+    return path
+
+
+def assert_data_error(error: pytest.ExceptionInfo[DataError], path: Path, line: int | None) -> None:
+    message = str(error.value)
+    assert path.name in message
+    assert error.value.line == line
+    if line is not None:
+        assert f"{path.name}:{line}:" in message
+
+
+def test_read_lines_strips_newlines_and_keeps_text(tmp_path: Path) -> None:
+    path = write(tmp_path / "a.txt", "Zwei Männer.\r\nEin Hund\nlast line without newline")
+    assert read_lines(path) == ["Zwei Männer.", "Ein Hund", "last line without newline"]
+
+
+def test_read_lines_drops_byte_order_mark(tmp_path: Path) -> None:
+    path = write(tmp_path / "bom.txt", "\ufeffHallo\nWelt\n")
+    assert read_lines(path) == ["Hallo", "Welt"]
+
+
+def test_read_lines_splits_on_newline_only(tmp_path: Path) -> None:
+    path = write(tmp_path / "u2028.txt", "one\u2028still one\ntwo\n")
+    assert read_lines(path) == ["one\u2028still one", "two"]
+
+
+def test_bad_utf8_reports_line_three(tmp_path: Path) -> None:
+    path = write(tmp_path / "bad.de", b"eins\nzwei\ndr\xffei\nvier\n")
+    with pytest.raises(DataError, match="invalid UTF-8") as error:
+        read_lines(path)
+    assert_data_error(error, path, 3)
+
+
+def test_empty_line_reports_line_two(tmp_path: Path) -> None:
+    path = write(tmp_path / "gap.en", "one\n   \nthree\n")
+    with pytest.raises(DataError, match="empty line") as error:
+        read_lines(path)
+    assert_data_error(error, path, 2)
+    assert read_lines(path, allow_empty=True) == ["one", "   ", "three"]
+
+
+@pytest.mark.parametrize("content", [b"", b"\xef\xbb\xbf"])
+def test_empty_file(tmp_path: Path, content: bytes) -> None:
+    path = write(tmp_path / "empty.txt", content)
+    with pytest.raises(DataError, match="file is empty") as error:
+        read_lines(path)
+    assert_data_error(error, path, None)
+
+
+def test_missing_file_and_directory(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="no such file"):
+        read_lines(tmp_path / "missing.txt")
+    with pytest.raises(DataError, match="directory"):
+        read_lines(tmp_path)
+
+
+def test_gzip_is_read_by_suffix_and_by_magic_bytes(tmp_path: Path) -> None:
+    packed = gzip.compress(b"Hallo\nWelt\n")
+    assert read_lines(write(tmp_path / "a.de.gz", packed)) == ["Hallo", "Welt"]
+    assert read_lines(write(tmp_path / "a.de", packed)) == ["Hallo", "Welt"]
+
+
+def test_gzip_bad_utf8_reports_line(tmp_path: Path) -> None:
+    path = write(tmp_path / "bad.de.gz", gzip.compress(b"ok\nok\n\xc3\x28\n"))
+    with pytest.raises(DataError, match="invalid UTF-8") as error:
+        read_lines(path)
+    assert_data_error(error, path, 3)
+
+
+def test_truncated_gzip(tmp_path: Path) -> None:
+    packed = gzip.compress(("ein Satz\n" * 200).encode())
+    path = write(tmp_path / "cut.de.gz", packed[: len(packed) // 2])
+    with pytest.raises(DataError, match="corrupt or truncated gzip") as error:
+        read_lines(path)
+    assert_data_error(error, path, None)
+
+
+def test_gz_suffix_without_gzip_content(tmp_path: Path) -> None:
+    path = write(tmp_path / "plain.en.gz", "not compressed\n")
+    with pytest.raises(DataError, match="not gzip"):
+        read_lines(path)
+
+
+def test_find_split_prefers_plain_then_gzip(tmp_path: Path) -> None:
+    write(tmp_path / "train.de.gz", gzip.compress(b"x\n"))
+    assert find_split(tmp_path, "train", "de") == tmp_path / "train.de.gz"
+    write(tmp_path / "train.de", "x\n")
+    assert find_split(tmp_path, "train", "de") == tmp_path / "train.de"
+
+
+def test_find_split_lists_what_it_looked_for(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"valid\.en, valid\.en\.gz"):
+        find_split(tmp_path, "valid", "en")
+    with pytest.raises(DataError, match="not a directory"):
+        find_split(tmp_path / "nowhere", "valid", "en")
+
+
+def test_read_parallel(tmp_path: Path) -> None:
+    src = write(tmp_path / "train.de", "Hallo\nWelt\n")
+    tgt = write(tmp_path / "train.en", "Hello\nWorld\n")
+    assert read_parallel(src, tgt) == (["Hallo", "Welt"], ["Hello", "World"])
+
+
+def test_read_parallel_unequal_counts_names_both(tmp_path: Path) -> None:
+    src = write(tmp_path / "train.de", "a\nb\nc\n")
+    tgt = write(tmp_path / "train.en", "a\nb\n")
+    with pytest.raises(DataError) as error:
+        read_parallel(src, tgt)
+    message = str(error.value)
+    assert "train.de" in message and "train.en" in message
+    assert "3" in message and "2" in message
+
+
+def test_read_labelled_jsonl(tmp_path: Path) -> None:
+    lines = '{"text": "great film", "label": 1}\n\n{"text": "dull", "label": "neg"}\n'
+    path = write(tmp_path / "train.jsonl", lines)
+    assert read_labelled(path) == (["great film", "dull"], ["1", "neg"])
+
+
+def test_read_labelled_custom_fields_gzip(tmp_path: Path) -> None:
+    path = write(tmp_path / "train.jsonl.gz", gzip.compress(b'{"sentence": "ok", "y": 0}\n'))
+    assert read_labelled(path, text_field="sentence", label_field="y") == (["ok"], ["0"])
+
+
+@pytest.mark.parametrize(
+    ("line", "match"),
+    [
+        ('{"text": "a", "label": ', "malformed JSON"),
+        ('["a", 1]', "expected a JSON object"),
+        ('{"text": "a"}', "missing field 'label'"),
+        ('{"text": "  ", "label": 1}', "empty 'text'"),
+        ('{"text": 5, "label": 1}', "must be a string"),
+        ('{"text": "a", "label": null}', "must be a string or integer"),
+    ],
+)
+def test_read_labelled_jsonl_errors_name_line(tmp_path: Path, line: str, match: str) -> None:
+    path = write(tmp_path / "bad.jsonl", '{"text": "fine", "label": 0}\n' + line + "\n")
+    with pytest.raises(DataError, match=match) as error:
+        read_labelled(path)
+    assert_data_error(error, path, 2)
+
+
+def test_read_labelled_csv_with_quotes(tmp_path: Path) -> None:
+    path = write(tmp_path / "train.csv", 'label,text\n1,"good, really"\n0,"multi\nline"\n')
+    assert read_labelled(path) == (["good, really", "multi\nline"], ["1", "0"])
+
+
+def test_read_labelled_csv_missing_column_names_available(tmp_path: Path) -> None:
+    path = write(tmp_path / "train.csv", "sentence,label\nhello,1\n")
+    with pytest.raises(DataError, match=r"missing column 'text' \(columns: 'sentence', 'label'\)"):
+        read_labelled(path)
+
+
+def test_read_labelled_csv_wrong_field_count(tmp_path: Path) -> None:
+    path = write(tmp_path / "train.csv", "text,label\nhello,1\nextra,1,2\n")
+    with pytest.raises(DataError, match="expected 2 fields, got 3") as error:
+        read_labelled(path)
+    assert_data_error(error, path, 3)
+
+
+def test_read_labelled_tsv_keeps_quotes(tmp_path: Path) -> None:
+    path = write(tmp_path / "train.tsv", 'sentence\tlabel\n"quoted" start\t1\nplain\t0\n')
+    texts, labels = read_labelled(path, text_field="sentence")
+    assert texts == ['"quoted" start', "plain"]
+    assert labels == ["1", "0"]
+
+
+def test_read_labelled_tsv_wrong_field_count(tmp_path: Path) -> None:
+    path = write(tmp_path / "dev.tsv", "text\tlabel\na\t1\nb\n")
+    with pytest.raises(DataError, match="expected 2 fields, got 1") as error:
+        read_labelled(path)
+    assert_data_error(error, path, 3)
+
+
+def test_read_labelled_unknown_format_and_no_records(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"unknown format '\.txt'"):
+        read_labelled(write(tmp_path / "train.txt", "a\n"))
+    with pytest.raises(DataError, match="no records"):
+        read_labelled(write(tmp_path / "header.csv", "text,label\n"))
+
+
+def test_read_texts(tmp_path: Path) -> None:
+    assert read_texts(write(tmp_path / "in.txt", "eins\nzwei\n")) == ["eins", "zwei"]
+    jsonl = write(tmp_path / "in.jsonl", '{"text": "eins", "id": 3}\n{"text": "zwei"}\n')
+    assert read_texts(jsonl) == ["eins", "zwei"]
+    with pytest.raises(DataError, match="missing field 'text'") as error:
+        read_texts(write(tmp_path / "bad.jsonl", '{"text": "a"}\n{"body": "b"}\n'))
+    assert error.value.line == 2

@@ -1,0 +1,142 @@
+"""The tokenizer round-trips ordinary sentences, keeps special ids fixed and survives a reload."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from qkv.data.special import BOS_ID, CLS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
+from qkv.data.tokenizer import Tokenizer
+from qkv.errors import CheckpointError
+
+SENTENCE_TEXT = (
+    "Zwei junge Männer stehen draußen . Ein Hund läuft über die grüne Wiese , "
+    "während ein Mädchen Fußball spielt . Two young men stand outside . A dog runs across "
+    "the green meadow , while a girl plays football ."
+)
+WORDS = SENTENCE_TEXT.split(" ")
+
+SENTENCES = [
+    "Zwei junge Männer stehen draußen.",
+    "Ein Hund läuft über die grüne Wiese.",
+    "A dog runs across the green meadow, while a girl plays football.",
+    "Two young men stand outside.",
+]
+
+
+def corpus(n: int = 500, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    sentences = [" ".join(rng.choices(WORDS, k=rng.randint(3, 14))) for _ in range(n)]
+    return [s.replace(" .", ".").replace(" ,", ",") for s in sentences] + SENTENCES
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Tokenizer:
+    return Tokenizer.train(iter(corpus()), vocab_size=300)
+
+
+def test_special_tokens_have_fixed_ids(tokenizer: Tokenizer) -> None:
+    ids = [tokenizer.id_to_token(i) for i in (PAD_ID, BOS_ID, EOS_ID, UNK_ID, CLS_ID)]
+    assert tuple(ids) == SPECIAL_TOKENS
+
+
+@pytest.mark.parametrize("sentence", SENTENCES)
+def test_round_trip(tokenizer: Tokenizer, sentence: str) -> None:
+    ids = tokenizer.encode(sentence)
+    assert all(i >= len(SPECIAL_TOKENS) for i in ids)
+    assert tokenizer.decode(ids) == sentence
+
+
+def test_encode_batch_matches_encode(tokenizer: Tokenizer) -> None:
+    assert tokenizer.encode_batch(SENTENCES) == [tokenizer.encode(s) for s in SENTENCES]
+    assert tokenizer.decode_batch(tokenizer.encode_batch(SENTENCES)) == SENTENCES
+
+
+def test_decode_skips_special_and_out_of_range_ids(tokenizer: Tokenizer) -> None:
+    ids = tokenizer.encode(SENTENCES[0])
+    noisy = [BOS_ID, *ids, EOS_ID, PAD_ID, -1, tokenizer.vocab_size + 5]
+    assert tokenizer.decode(noisy) == SENTENCES[0]
+
+
+def test_special_token_text_is_not_a_special_id(tokenizer: Tokenizer) -> None:
+    assert EOS_ID not in tokenizer.encode("ein </s> Hund")
+
+
+def test_unknown_characters_become_unk(tokenizer: Tokenizer) -> None:
+    assert UNK_ID in tokenizer.encode("Hund ☃")
+
+
+def test_lowercase_option() -> None:
+    lower = Tokenizer.train(corpus(100), vocab_size=200, lowercase=True)
+    assert lower.decode(lower.encode("Zwei Männer")) == "zwei männer"
+
+
+def test_tokens_for_display(tokenizer: Tokenizer) -> None:
+    pieces = tokenizer.tokens("Zwei Männer")
+    assert "".join(pieces) == "ZweiMänner"
+    assert not any(piece.startswith("▁") for piece in pieces)
+    ids = tokenizer.encode("Zwei Männer")
+    assert tokenizer.tokens_from_ids([BOS_ID, *ids, EOS_ID]) == ["<s>", *pieces, "</s>"]
+
+
+def test_id_to_token_out_of_range(tokenizer: Tokenizer) -> None:
+    with pytest.raises(IndexError):
+        tokenizer.id_to_token(tokenizer.vocab_size)
+
+
+def test_save_load_equality(tokenizer: Tokenizer, tmp_path: Path) -> None:
+    path = tmp_path / "run" / "tokenizer.json"
+    tokenizer.save(path)
+    loaded = Tokenizer.load(path)
+    assert loaded.vocab_size == tokenizer.vocab_size
+    assert loaded.to_json() == tokenizer.to_json()
+    assert loaded.encode_batch(SENTENCES) == tokenizer.encode_batch(SENTENCES)
+    assert loaded.encode("a </s>") == tokenizer.encode("a </s>")
+    assert [p.name for p in path.parent.iterdir()] == ["tokenizer.json"]
+
+
+def test_save_overwrites(tokenizer: Tokenizer, tmp_path: Path) -> None:
+    path = tmp_path / "tokenizer.json"
+    path.write_text("old")
+    tokenizer.save(path)
+    assert Tokenizer.load(path).vocab_size == tokenizer.vocab_size
+
+
+def test_load_missing(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="not found"):
+        Tokenizer.load(tmp_path / "tokenizer.json")
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"{ this is not json", b"\xff\xfe", b'{"hello": "world"}', b""],
+    ids=["broken-json", "binary", "not-a-tokenizer", "empty"],
+)
+def test_load_corrupt(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "tokenizer.json"
+    path.write_bytes(content)
+    with pytest.raises(CheckpointError, match=r"tokenizer\.json"):
+        Tokenizer.load(path)
+
+
+def test_load_truncated(tokenizer: Tokenizer, tmp_path: Path) -> None:
+    path = tmp_path / "tokenizer.json"
+    text = tokenizer.to_json()
+    path.write_text(text[: len(text) // 2])
+    with pytest.raises(CheckpointError, match="not a valid tokenizer"):
+        Tokenizer.load(path)
+
+
+def test_load_wrong_special_ids(tokenizer: Tokenizer, tmp_path: Path) -> None:
+    data = json.loads(tokenizer.to_json())
+    vocab = data["model"]["vocab"]
+    vocab["<s>"], vocab["</s>"] = vocab["</s>"], vocab["<s>"]
+    for added in data["added_tokens"]:
+        added["id"] = {BOS_ID: EOS_ID, EOS_ID: BOS_ID}.get(added["id"], added["id"])
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(CheckpointError, match="special token"):
+        Tokenizer.load(path)

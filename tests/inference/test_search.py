@@ -1,0 +1,301 @@
+"""Search algorithms driven by scripted toy decoders with known next-token distributions."""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor
+
+from qkv.errors import ConfigError
+from qkv.inference.beam import Hypothesis, beam_search, length_penalty
+from qkv.inference.search import filter_logits, greedy_search, sample
+
+PAD, BOS, EOS, TOK_A, TOK_B = range(5)  # toy vocabulary; BOS and EOS match qkv.data.special
+VOCAB_SIZE = 5
+
+NextLogProbs = Callable[[int, tuple[int, ...]], Tensor]
+"""(sentence, tokens generated so far) -> next-token log-probabilities (V,)."""
+
+
+class ToyDecoder:
+    """An `IncrementalDecoder` that tracks each row's prefix and answers from a function of it."""
+
+    def __init__(self, next_log_probs: NextLogProbs, sentences: list[int]) -> None:
+        self.next_log_probs = next_log_probs
+        self.sentences = list(sentences)  # which sentence each row decodes
+        self.prefixes: list[tuple[int, ...]] = [() for _ in sentences]  # tokens fed, BOS first
+        self.rows_fed: list[int] = []  # N at every step
+
+    def step(self, tokens: Tensor) -> Tensor:
+        assert tokens.dtype == torch.long
+        assert tokens.shape == (len(self.prefixes),)
+        self.prefixes = [(*p, t) for p, t in zip(self.prefixes, tokens.tolist(), strict=True)]
+        assert all(p[0] == BOS for p in self.prefixes)
+        self.rows_fed.append(len(self.prefixes))
+        pairs = zip(self.sentences, self.prefixes, strict=True)
+        return torch.stack([self.next_log_probs(s, p[1:]) for s, p in pairs])  # (N, V)
+
+    def select(self, rows: Tensor) -> None:
+        assert rows.dtype == torch.long and rows.dim() == 1 and rows.numel() > 0
+        self.sentences = [self.sentences[r] for r in rows.tolist()]
+        self.prefixes = [self.prefixes[r] for r in rows.tolist()]
+
+
+def table_log_probs(table: dict[tuple[int, ...], dict[int, float]]) -> NextLogProbs:
+    """Next-token distributions from a table keyed by prefix; uniform over EOS, a, b elsewhere."""
+
+    def next_log_probs(sentence: int, prefix: tuple[int, ...]) -> Tensor:
+        probs = torch.zeros(VOCAB_SIZE, dtype=torch.float64)
+        for token, prob in table.get(prefix, {EOS: 1 / 3, TOK_A: 1 / 3, TOK_B: 1 / 3}).items():
+            probs[token] = prob
+        return probs.log()
+
+    return next_log_probs
+
+
+# Greedy takes a (0.5), a (0.6), EOS (0.7): p = 0.21. Beam search (W = 2) also finds b EOS,
+# p = 0.3 * 0.8 = 0.24, which greedy misses; with alpha = 1 the longer "a a" wins again.
+CLASSIC = table_log_probs(
+    {
+        (): {TOK_A: 0.5, TOK_B: 0.3, EOS: 0.2},
+        (TOK_A,): {TOK_A: 0.6, EOS: 0.3, TOK_B: 0.1},
+        (TOK_B,): {EOS: 0.8, TOK_A: 0.1, TOK_B: 0.1},
+        (TOK_A, TOK_A): {EOS: 0.7, TOK_A: 0.2, TOK_B: 0.1},
+        (TOK_A, TOK_B): {EOS: 0.5, TOK_A: 0.25, TOK_B: 0.25},
+    }
+)
+
+
+def random_log_probs(seed: int, vocab_size: int = 8) -> NextLogProbs:
+    """Log-probabilities that are a fixed pseudo-random function of (seed, sentence, prefix)."""
+
+    def next_log_probs(sentence: int, prefix: tuple[int, ...]) -> Tensor:
+        key = zlib.crc32(repr((seed, sentence, prefix)).encode())
+        logits = torch.randn(vocab_size, generator=torch.Generator().manual_seed(key))
+        logits[PAD] = logits[BOS] = -math.inf
+        logits[EOS] -= 1.0  # long enough sentences that some reach their max length
+        return logits.log_softmax(dim=-1)
+
+    return next_log_probs
+
+
+def lengths(*values: int) -> Tensor:
+    return torch.tensor(values, dtype=torch.long)
+
+
+def hyp(tokens: list[int], prob: float, steps: int, alpha: float) -> Hypothesis:
+    log_prob = math.log(prob)
+    return Hypothesis(tokens, log_prob / ((5 + steps) / 6) ** alpha, log_prob)
+
+
+def assert_hypotheses(actual: list[Hypothesis], expected: list[Hypothesis]) -> None:
+    assert [h.tokens for h in actual] == [h.tokens for h in expected]
+    assert [h.score for h in actual] == pytest.approx([h.score for h in expected], abs=1e-9)
+    assert [h.log_prob for h in actual] == pytest.approx([h.log_prob for h in expected], abs=1e-9)
+
+
+# Greedy search
+
+
+@pytest.mark.parametrize(
+    ("max_length", "expected"),
+    [(10, [TOK_A, TOK_A]), (3, [TOK_A, TOK_A]), (2, [TOK_A, TOK_A]), (1, [TOK_A]), (0, [])],
+)
+def test_greedy_stops_at_eos_or_max_length(max_length: int, expected: list[int]) -> None:
+    decoder = ToyDecoder(CLASSIC, [0])
+    assert greedy_search(decoder, 1, lengths(max_length)) == [expected]
+    assert len(decoder.rows_fed) == min(max_length, 3)
+
+
+def test_greedy_drops_finished_rows() -> None:
+    decoder = ToyDecoder(CLASSIC, [0, 1, 2, 3])
+    result = greedy_search(decoder, 4, lengths(1, 5, 2, 0))
+    assert result == [[TOK_A], [TOK_A, TOK_A], [TOK_A, TOK_A], []]
+    assert decoder.rows_fed == [3, 2, 1]
+
+
+# Beam search
+
+
+def test_length_penalty() -> None:
+    assert length_penalty(1, 0.0) == 1.0
+    assert length_penalty(1, 1.0) == 1.0
+    assert length_penalty(7, 0.5) == pytest.approx(math.sqrt(2.0))
+
+
+def test_beam_finds_more_probable_sentence_than_greedy() -> None:
+    assert greedy_search(ToyDecoder(CLASSIC, [0]), 1, lengths(10)) == [[TOK_A, TOK_A]]
+    decoder = ToyDecoder(CLASSIC, [0])
+    [result] = beam_search(decoder, 1, 2, lengths(10), alpha=0.0)
+    # Step 2 finalises "b" (0.24, ranked 2nd of 2W); "a EOS" (0.15, ranked 3rd) is not
+    # finalised. Step 3 finalises "a a" (0.21), the 2nd finished hypothesis: done.
+    assert_hypotheses(result, [hyp([TOK_B], 0.24, 2, 0.0), hyp([TOK_A, TOK_A], 0.21, 3, 0.0)])
+    assert decoder.rows_fed == [1, 2, 2]
+
+
+def test_beam_length_penalty_reorders_hypotheses() -> None:
+    [result] = beam_search(ToyDecoder(CLASSIC, [0]), 1, 2, lengths(10), alpha=1.0)
+    # log(0.21) / (8 / 6) = -1.1705 beats log(0.24) / (7 / 6) = -1.2232.
+    assert_hypotheses(result, [hyp([TOK_A, TOK_A], 0.21, 3, 1.0), hyp([TOK_B], 0.24, 2, 1.0)])
+
+
+def test_beam_max_length_finalises_live_beams_without_eos() -> None:
+    [result] = beam_search(ToyDecoder(CLASSIC, [0]), 1, 2, lengths(2), alpha=1.0)
+    # Live at the limit: "a a" (0.30) and "a b" (0.05); finished: "b" (0.24). All 2 steps long.
+    assert_hypotheses(result, [hyp([TOK_A, TOK_A], 0.30, 2, 1.0), hyp([TOK_B], 0.24, 2, 1.0)])
+    [result] = beam_search(ToyDecoder(CLASSIC, [0]), 1, 2, lengths(1), alpha=0.0)
+    # EOS (0.2) ranks 3rd after "a" and "b", so it is not finalised.
+    assert_hypotheses(result, [hyp([TOK_A], 0.5, 1, 0.0), hyp([TOK_B], 0.3, 1, 0.0)])
+
+
+def test_beam_keeps_the_best_when_more_than_w_finish_at_once() -> None:
+    [result] = beam_search(ToyDecoder(CLASSIC, [0]), 1, 3, lengths(10), alpha=0.0)
+    # W = 3 finalises EOS (0.2) at step 1, "b" (0.24) and "a" (0.15) at step 2.
+    expected = [hyp([TOK_B], 0.24, 2, 0.0), hyp([], 0.2, 1, 0.0), hyp([TOK_A], 0.15, 2, 0.0)]
+    assert_hypotheses(result, expected)
+
+
+def test_beam_on_a_vocabulary_smaller_than_the_beam() -> None:
+    [result] = beam_search(ToyDecoder(CLASSIC, [0]), 1, 4, lengths(1), alpha=0.0)
+    # Only a, b and EOS are possible: two live beams at the limit, EOS finalised at rank 3.
+    expected = [hyp([TOK_A], 0.5, 1, 0.0), hyp([TOK_B], 0.3, 1, 0.0), hyp([], 0.2, 1, 0.0)]
+    assert_hypotheses(result, expected)
+
+
+def test_beam_zero_max_length_gives_the_empty_hypothesis() -> None:
+    decoder = ToyDecoder(CLASSIC, [0, 1])
+    result = beam_search(decoder, 2, 2, lengths(0, 1), alpha=0.0)
+    assert result[0] == [Hypothesis([], 0.0, 0.0)]
+    assert [h.tokens for h in result[1]] == [[TOK_A], [TOK_B]]
+    assert decoder.rows_fed == [1]
+
+
+def test_beam_drops_finished_sentences() -> None:
+    decoder = ToyDecoder(CLASSIC, [0, 1, 2])
+    result = beam_search(decoder, 3, 2, lengths(1, 2, 10), alpha=0.0)
+    # Step 1 on B rows, then W rows per live sentence: sentence 0 stops at 1, sentence 1 at 2.
+    assert decoder.rows_fed == [3, 4, 2]
+    assert [h.tokens for h in result[0]] == [[TOK_A], [TOK_B]]
+    assert [h.tokens for h in result[1]] == [[TOK_A, TOK_A], [TOK_B]]
+    assert [h.tokens for h in result[2]] == [[TOK_B], [TOK_A, TOK_A]]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_beam_of_one_equals_greedy(seed: int) -> None:
+    max_lengths = torch.randint(0, 15, (6,), generator=torch.Generator().manual_seed(seed))
+    greedy = greedy_search(ToyDecoder(random_log_probs(seed), list(range(6))), 6, max_lengths)
+    beams = beam_search(ToyDecoder(random_log_probs(seed), list(range(6))), 6, 1, max_lengths)
+    assert [[h.tokens for h in hyps] for hyps in beams] == [[tokens] for tokens in greedy]
+
+
+@pytest.mark.parametrize(("seed", "beam_size"), [(0, 2), (1, 3), (2, 4), (3, 5)])
+def test_batched_beam_equals_one_sentence_at_a_time(seed: int, beam_size: int) -> None:
+    max_lengths = lengths(3, 12, 1, 7, 20)
+    batched = beam_search(
+        ToyDecoder(random_log_probs(seed), list(range(5))), 5, beam_size, max_lengths
+    )
+    for sentence, hyps in enumerate(batched):
+        decoder = ToyDecoder(random_log_probs(seed), [sentence])
+        [alone] = beam_search(decoder, 1, beam_size, max_lengths[sentence : sentence + 1])
+        assert_hypotheses(hyps, alone)
+        assert 1 <= len(hyps) <= beam_size
+        assert all(len(h.tokens) <= max_lengths[sentence] for h in hyps)
+        assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+
+
+def test_beam_scores_are_normalised_log_probs() -> None:
+    alpha = 0.6
+    [hyps] = beam_search(ToyDecoder(random_log_probs(7), [0]), 1, 4, lengths(9), alpha=alpha)
+    for h in hyps:
+        steps = len(h.tokens) + 1 if len(h.tokens) < 9 else 9  # + 1 for EOS below the limit
+        assert h.score == pytest.approx(h.log_prob / length_penalty(steps, alpha), rel=1e-6)
+
+
+def test_beam_rejects_empty_beam() -> None:
+    with pytest.raises(ConfigError):
+        beam_search(ToyDecoder(CLASSIC, [0]), 1, 0, lengths(3))
+
+
+# Sampling
+
+
+def test_filter_logits_top_k_keeps_exactly_k() -> None:
+    logits = torch.tensor([[0.1, 3.0, -1.0, 2.0, 0.5], [5.0, 4.0, 3.0, 2.0, 1.0]])
+    filtered = filter_logits(logits, top_k=2)
+    assert filtered.isfinite().tolist() == [
+        [False, True, False, True, False],
+        [True, True, False, False, False],
+    ]
+    assert torch.equal(filtered[filtered.isfinite()], logits[filtered.isfinite()])
+    assert torch.equal(filter_logits(logits, top_k=0), logits)
+    assert torch.equal(filter_logits(logits, top_k=9), logits)
+
+
+@pytest.mark.parametrize(
+    ("top_p", "kept"),
+    [(1.0, {0, 1, 2, 3}), (0.9, {1, 2, 3}), (0.75, {1, 3}), (0.45, {3}), (0.3, {3}), (0.01, {3})],
+)
+def test_filter_logits_top_p_keeps_smallest_set_reaching_p(top_p: float, kept: set[int]) -> None:
+    probs = torch.tensor([[0.05, 0.3, 0.15, 0.5]])
+    filtered = filter_logits(probs.log(), top_p=top_p)
+    assert set(filtered[0].isfinite().nonzero().squeeze(1).tolist()) == kept
+
+
+def test_filter_logits_applies_top_k_before_top_p() -> None:
+    probs = torch.tensor([[0.05, 0.3, 0.15, 0.5]])
+    # After top-2 the mass is renormalised to {0.5: 0.625, 0.3: 0.375}: p = 0.6 keeps one token.
+    filtered = filter_logits(probs.log(), top_k=2, top_p=0.6)
+    assert filtered[0].isfinite().tolist() == [False, False, False, True]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_sample_with_top_k_one_equals_greedy(seed: int) -> None:
+    max_lengths = torch.randint(0, 15, (6,), generator=torch.Generator().manual_seed(seed))
+    greedy = greedy_search(ToyDecoder(random_log_probs(seed), list(range(6))), 6, max_lengths)
+    sampled = sample(
+        ToyDecoder(random_log_probs(seed), list(range(6))), 6, max_lengths, top_k=1, top_p=0.5
+    )
+    assert sampled == greedy
+
+
+def test_sample_is_reproducible_with_a_seeded_generator() -> None:
+    def run(seed: int) -> list[list[int]]:
+        decoder = ToyDecoder(random_log_probs(0), list(range(8)))
+        generator = torch.Generator().manual_seed(seed)
+        return sample(decoder, 8, lengths(*[12] * 8), temperature=1.5, generator=generator)
+
+    assert run(1) == run(1)
+    assert run(1) != run(2)
+
+
+@pytest.mark.parametrize(
+    ("temperature", "top_p", "expected"),
+    [
+        (1.0, 1.0, {(TOK_A,): 0.5, (TOK_B,): 0.3, (): 0.2}),
+        (0.5, 1.0, {(TOK_A,): 0.25 / 0.38, (TOK_B,): 0.09 / 0.38, (): 0.04 / 0.38}),
+        (1.0, 0.6, {(TOK_A,): 0.625, (TOK_B,): 0.375, (): 0.0}),
+    ],
+)
+def test_sample_draws_from_the_filtered_distribution(
+    temperature: float, top_p: float, expected: dict[tuple[int, ...], float]
+) -> None:
+    count = 4000
+    decoder = ToyDecoder(CLASSIC, list(range(count)))
+    generator = torch.Generator().manual_seed(0)
+    result = sample(decoder, count, lengths(*[1] * count), temperature, 0, top_p, generator)
+    for tokens, prob in expected.items():
+        frequency = sum(tuple(r) == tokens for r in result) / count
+        assert frequency == pytest.approx(prob, abs=0.03)
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"temperature": 0.0}, {"top_k": -1}, {"top_p": 0.0}, {"top_p": 1.5}]
+)
+def test_sample_rejects_bad_settings(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError):
+        sample(ToyDecoder(CLASSIC, [0]), 1, lengths(3), **kwargs)
