@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qkv.errors import ConfigError
 from qkv.model.config import ModelConfig
+from qkv.training.config import TrainConfig
+
+if TYPE_CHECKING:
+    from qkv.tasks.classification import ClassificationData
 
 
 def transformer_base(vocab_size: int = 37000) -> ModelConfig:
@@ -58,3 +62,131 @@ def model_preset(name: str, **overrides: Any) -> ModelConfig:
     if name not in MODEL_PRESETS:
         raise ConfigError(f"unknown preset {name!r}; choose from {', '.join(MODEL_PRESETS)}")
     return replace(MODEL_PRESETS[name](), **overrides)
+
+
+# --------------------------------------------------------------------------- task presets
+# A task preset is a model config plus a training config; data settings come from the flags.
+
+
+def _translation_presets() -> dict[str, tuple[ModelConfig, TrainConfig]]:
+    return {
+        "tiny": (
+            transformer_tiny(),
+            TrainConfig(lr=3e-3, warmup=100, max_tokens=1024, eval_every=100, max_epochs=30),
+        ),
+        "multi30k-cpu": (
+            replace(transformer_small(), dropout=0.1),
+            TrainConfig(
+                lr=1e-3,
+                warmup=800,
+                max_tokens=3000,
+                eval_every=400,
+                max_epochs=40,
+                max_minutes=55,
+                average_last=5,
+                keep_checkpoints=5,
+                threads=2,
+            ),
+        ),
+        "multi30k-gpu": (
+            replace(transformer_base(), dropout=0.2),
+            TrainConfig(
+                lr=7e-4,
+                warmup=2000,
+                max_tokens=8192,
+                eval_every=500,
+                max_epochs=60,
+                average_last=5,
+                keep_checkpoints=5,
+                patience=8,
+            ),
+        ),
+        "small": (transformer_small(), TrainConfig(lr=1e-3, warmup=2000)),
+        "base": (transformer_base(), TrainConfig(lr=7e-4, warmup=4000, max_tokens=8192)),
+        "big": (transformer_big(), TrainConfig(lr=5e-4, warmup=4000, max_tokens=8192)),
+    }
+
+
+def translation_preset(name: str) -> tuple[ModelConfig, TrainConfig]:
+    """Model and training configs of the translation preset `name`."""
+    presets = _translation_presets()
+    if name not in presets:
+        raise ConfigError(f"unknown translation preset {name!r}; choose from {', '.join(presets)}")
+    return presets[name]
+
+
+def classification_preset(name: str) -> tuple[ModelConfig, TrainConfig, ClassificationData]:
+    """Model, training and data settings of the classification preset `name`.
+
+    `seed` mirrors the tutorial's Keras classifier: 128-wide embeddings, one single-head
+    self-attention layer, average pooling, dropout 0.5, a dense softmax layer, Adam, 64 tokens
+    per review, 5 epochs. `strong` is a full encoder over long head+tail excerpts.
+    """
+    from qkv.tasks.classification import ClassificationData
+
+    presets = {
+        "tiny": (
+            ModelConfig(
+                d_model=32, n_heads=2, d_ff=64, n_encoder_layers=1, n_decoder_layers=0, max_len=128
+            ),
+            TrainConfig(
+                lr=3e-3,
+                warmup=20,
+                max_tokens=2048,
+                eval_every=50,
+                max_epochs=10,
+                label_smoothing=0.0,
+            ),
+            ClassificationData(vocab_size=500, max_len=64),
+        ),
+        "seed": (
+            ModelConfig(
+                d_model=128,
+                n_heads=1,
+                d_ff=128,
+                n_encoder_layers=1,
+                n_decoder_layers=0,
+                dropout=0.1,
+                head_dropout=0.5,
+                max_len=64,
+            ),
+            TrainConfig(
+                lr=1e-3,
+                warmup=100,
+                max_tokens=32 * 64,
+                eval_every=250,
+                max_epochs=5,
+                label_smoothing=0.0,
+                clip_norm=0.0,
+            ),
+            ClassificationData(vocab_size=20000, max_len=64, head_tail=True),
+        ),
+        "strong": (
+            ModelConfig(
+                d_model=128,
+                n_heads=4,
+                d_ff=512,
+                n_encoder_layers=2,
+                n_decoder_layers=0,
+                dropout=0.1,
+                head_dropout=0.3,
+                max_len=512,
+            ),
+            TrainConfig(
+                lr=1e-3,
+                warmup=300,
+                max_tokens=32 * 384,
+                eval_every=300,
+                max_epochs=4,
+                label_smoothing=0.0,
+                average_last=3,
+                max_minutes=55,
+            ),
+            ClassificationData(vocab_size=16000, max_len=384, head_tail=True),
+        ),
+    }
+    if name not in presets:
+        raise ConfigError(
+            f"unknown classification preset {name!r}; choose from {', '.join(presets)}"
+        )
+    return presets[name]

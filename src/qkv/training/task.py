@@ -12,8 +12,12 @@ from torch import Tensor, nn
 class TrainingTask(Protocol):
     """A model, its batches, its loss and its validation, seen from the trainer."""
 
-    model: nn.Module
     metric: str  # the validation metric to maximise ("bleu", "accuracy", ...)
+
+    @property
+    def model(self) -> nn.Module:
+        """The network being trained."""
+        ...
 
     def batches(self, epoch: int) -> Sequence[Any]:
         """The training batches of `epoch`, in order; a pure function of (seed, epoch)."""

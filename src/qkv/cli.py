@@ -1,0 +1,192 @@
+"""The `qkv` command line: parse arguments, call the library, report errors in one line."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from qkv import __version__
+from qkv.errors import QkvError
+
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    train = sub.add_parser(
+        "train",
+        help="train a model into a run directory",
+        epilog="Any data, model or training field can be set as key=value, e.g. d_model=256.",
+    )
+    train.add_argument("task", nargs="?", choices=["translation", "classification"])
+    train.set_defaults(accepts_overrides=True)
+    train.add_argument("--resume", metavar="RUN", help="continue the run in RUN exactly")
+    train.add_argument("--out", metavar="RUN", help="run directory to create")
+    train.add_argument("--preset", help="named configuration to start from")
+    train.add_argument("--data", metavar="DIR", help="translation: train/val files live here")
+    train.add_argument("--src", default="de", help="translation: source language suffix")
+    train.add_argument("--tgt", default="en", help="translation: target language suffix")
+    train.add_argument("--train", metavar="FILE", help="classification: labelled training file")
+    train.add_argument("--valid", metavar="FILE", help="classification: labelled validation file")
+    train.add_argument(
+        "--valid-fraction",
+        type=float,
+        default=0.1,
+        help="classification: share of --train held out when --valid is absent",
+    )
+    train.set_defaults(run=_run_train)
+
+
+def _add_translate(sub: argparse._SubParsersAction) -> None:
+    translate = sub.add_parser("translate", help="translate text with a trained run")
+    translate.add_argument("run_dir", metavar="RUN")
+    translate.add_argument("--beam", type=int, default=5, help="beam size (1 = greedy)")
+    translate.add_argument("--alpha", type=float, default=0.6, help="length penalty exponent")
+    translate.add_argument("--sample", action="store_true", help="sample instead of searching")
+    translate.add_argument("--temperature", type=float, default=1.0)
+    translate.add_argument("--top-k", type=int, default=0)
+    translate.add_argument("--top-p", type=float, default=1.0)
+    translate.add_argument("--input", metavar="FILE", help="one sentence per line (default stdin)")
+    translate.add_argument("--output", metavar="FILE", help="default stdout")
+    translate.set_defaults(run=_run_translate)
+
+
+def _add_evaluate(sub: argparse._SubParsersAction) -> None:
+    evaluate = sub.add_parser("evaluate", help="score a run on a test set")
+    evaluate.add_argument("run_dir", metavar="RUN")
+    evaluate.add_argument("--src", metavar="FILE", help="translation: source sentences")
+    evaluate.add_argument("--ref", metavar="FILE", help="translation: reference translations")
+    evaluate.add_argument("--data", metavar="FILE", help="classification: labelled file")
+    evaluate.add_argument("--beam", type=int, default=5, help="beam size (1 = greedy)")
+    evaluate.add_argument("--json", action="store_true", help="print one JSON object")
+    evaluate.set_defaults(run=_run_evaluate)
+
+
+def _add_classify(sub: argparse._SubParsersAction) -> None:
+    classify = sub.add_parser("classify", help="label texts with a trained classification run")
+    classify.add_argument("run_dir", metavar="RUN")
+    classify.add_argument("--input", metavar="FILE", help="one text per line, or JSONL with 'text'")
+    classify.add_argument("--json", action="store_true", help="one JSON object per line")
+    classify.set_defaults(run=_lazy("classify"))
+
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:
+    demo = sub.add_parser("demo", help="train a small model on dates in a minute, with pictures")
+    demo.add_argument("--out", metavar="DIR", default="qkv-demo", help="where to write the run")
+    demo.add_argument("--minutes", type=float, default=1.0, help="training time budget")
+    demo.add_argument("--seed", type=int, default=1)
+    demo.set_defaults(run=_lazy("demo"))
+
+
+def _add_attention(sub: argparse._SubParsersAction) -> None:
+    attention = sub.add_parser("attention", help="draw the attention maps of one input")
+    attention.add_argument("run_dir", metavar="RUN")
+    attention.add_argument(
+        "sentence", help="source sentence (translation) or text (classification)"
+    )
+    attention.add_argument("--out", metavar="FILE.png", required=True)
+    attention.add_argument(
+        "--kinds",
+        default="encoder self,decoder self,cross",
+        help="comma-separated: encoder self, decoder self, cross",
+    )
+    attention.add_argument("--layers", help="comma-separated 0-based layers (default all)")
+    attention.add_argument("--heads", help="comma-separated 0-based heads (default all)")
+    attention.set_defaults(run=_lazy("attention"))
+
+
+def _add_plot(sub: argparse._SubParsersAction) -> None:
+    plot = sub.add_parser("plot", help="draw a run's training and validation curves")
+    plot.add_argument("run_dir", metavar="RUN")
+    plot.add_argument("--out", metavar="FILE.png", help="default RUN/curves.png")
+    plot.set_defaults(run=_lazy("plot"))
+
+
+def _lazy(name: str) -> Callable[[argparse.Namespace], int]:
+    """Import a command's module only when it runs, so `qkv --help` stays fast."""
+
+    def run(args: argparse.Namespace) -> int:
+        module = importlib.import_module(f"qkv.commands.{name}")
+        return int(module.run(args))
+
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="qkv",
+        description="The Transformer of 'Attention Is All You Need': train, run, look inside.",
+    )
+    parser.add_argument("--version", action="version", version=f"qkv {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add in COMMANDS:
+        add(sub)
+    return parser
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    from qkv.commands import train
+
+    return train.run(args)
+
+
+def _run_translate(args: argparse.Namespace) -> int:
+    from qkv.commands import translate
+
+    return translate.run(args)
+
+
+def _run_evaluate(args: argparse.Namespace) -> int:
+    from qkv.commands import evaluate
+
+    return evaluate.run(args)
+
+
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
+    _add_train,
+    _add_translate,
+    _add_evaluate,
+    _add_classify,
+    _add_demo,
+    _add_attention,
+    _add_plot,
+]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    pairs = [item for item in extra if "=" in item and not item.startswith("-")]
+    if len(pairs) < len(extra) or (pairs and not getattr(args, "accepts_overrides", False)):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.overrides = pairs
+    if not getattr(args, "run", None):
+        parser.print_help()
+        return 0
+    warnings.formatwarning = lambda message, *_a, **_k: f"warning: {message}\n"
+    try:
+        return int(args.run(args))
+    except QkvError as error:
+        from qkv.training.trainer import TrainingInterrupted
+
+        print(f"qkv: {error}", file=sys.stderr)
+        return 130 if isinstance(error, TrainingInterrupted) else 2
+    except KeyboardInterrupt:
+        print("qkv: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+def print_json(data: object) -> None:
+    print(json.dumps(data, indent=2, ensure_ascii=False))
+
+
+def out_path(value: str | None) -> Path | None:
+    return Path(value) if value else None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""`qkv attention`: draw the attention maps a trained run computes for one input.
+
+For a translation run the source is translated greedily, then the source and the BOS-prefixed
+output are run once more through the weights path of attention, which returns every map: encoder
+self (source x source), decoder self (target x target) and cross (target x source). For a
+classification run there is only encoder self-attention, and the title names the predicted label.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from qkv.errors import CheckpointError, ConfigError
+
+ENCODER_SELF, DECODER_SELF, CROSS = "encoder self", "decoder self", "cross"
+KINDS = (ENCODER_SELF, DECODER_SELF, CROSS)
+
+
+@dataclass
+class SentenceAttention:
+    """Every attention map of one input, with the tokens that label its axes.
+
+    Attributes:
+        maps: per kind, one tensor per layer of shape (H, Tq, Tk).
+        query_tokens: per kind, the Tq row labels.
+        key_tokens: per kind, the Tk column labels.
+        title: what the model made of the input, e.g. "3 March 2021 → 2021-03-03".
+    """
+
+    maps: dict[str, list[Tensor]]
+    query_tokens: dict[str, list[str]]
+    key_tokens: dict[str, list[str]]
+    title: str
+
+
+def run(args: argparse.Namespace) -> int:
+    kinds = parse_kinds(args.kinds)
+    layers = parse_indices(args.layers, "--layers")
+    heads = parse_indices(args.heads, "--heads")
+    path = draw_attention(args.run_dir, args.sentence, args.out, kinds, layers, heads)
+    print(f"wrote {path}")
+    return 0
+
+
+def parse_kinds(text: str | None) -> list[str] | None:
+    """ "encoder self, cross" -> ["encoder self", "cross"]; hyphens and underscores read as
+    spaces. None or blank gives None (every kind).
+
+    Raises:
+        ConfigError: if a kind is unknown.
+    """
+    if text is None or not text.strip():
+        return None
+    kinds = []
+    for item in text.split(","):
+        kind = " ".join(item.replace("-", " ").replace("_", " ").lower().split())
+        if kind not in KINDS:
+            raise ConfigError(
+                f"unknown attention kind {item.strip()!r}; choose from {', '.join(KINDS)}"
+            )
+        if kind not in kinds:
+            kinds.append(kind)
+    return kinds
+
+
+def parse_indices(text: str | None, flag: str) -> list[int] | None:
+    """ "0,2" -> [0, 2]. None or blank gives None (all).
+
+    Raises:
+        ConfigError: if an item is not a whole number of 0 or more.
+    """
+    if text is None or not text.strip():
+        return None
+    indices = []
+    for item in text.split(","):
+        try:
+            index = int(item.strip())
+        except ValueError:
+            raise ConfigError(
+                f"{flag} takes comma-separated 0-based numbers such as 0,2; got {item.strip()!r}"
+            ) from None
+        if index < 0:
+            raise ConfigError(f"{flag} indices are 0-based and cannot be negative; got {index}")
+        indices.append(index)
+    return indices
+
+
+def draw_attention(
+    run_dir: str | Path,
+    text: str,
+    out: str | Path,
+    kinds: Sequence[str] | None = None,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+) -> Path:
+    """Draws the attention maps of one input to a PNG.
+
+    Args:
+        run_dir: a translation or classification run.
+        text: the source sentence (translation) or the text (classification).
+        out: the PNG to write; missing parent directories are created.
+        kinds: any of "encoder self", "decoder self", "cross"; None draws all that the model
+            has. A classification run draws only the encoder self-attention.
+        layers: 0-based layers to draw, for every kind; None draws all.
+        heads: 0-based heads to draw; None draws all.
+
+    Returns:
+        The path written.
+
+    Raises:
+        ConfigError: if the text is empty, or no requested kind exists in this model.
+        QkvError: if a layer or head is out of range, or the run cannot be loaded.
+    """
+    from qkv.viz.attention import plot_attention, select_panels
+
+    attention = sentence_attention(run_dir, text)
+    wanted = list(KINDS) if kinds is None else list(kinds)
+    unknown = [kind for kind in wanted if kind not in KINDS]
+    if unknown:
+        raise ConfigError(f"unknown attention kind {unknown[0]!r}; choose from {', '.join(KINDS)}")
+    chosen = {kind: attention.maps[kind] for kind in KINDS if kind in wanted and kind in attention.maps}
+    if not chosen:
+        raise ConfigError(
+            f"this model has no {' or '.join(wanted)} attention; it has "
+            f"{', '.join(attention.maps)}"
+        )
+    panels = select_panels(chosen, attention.query_tokens, attention.key_tokens, layers, heads)
+    return plot_attention(panels, out, title=attention.title)
+
+
+def sentence_attention(run_dir: str | Path, text: str) -> SentenceAttention:
+    """Runs one input through a run's model and returns every attention map.
+
+    Raises:
+        ConfigError: if the text is empty or has no tokens.
+        CheckpointError: if the run cannot be loaded or has an unknown task.
+    """
+    from qkv.run import RunConfig
+
+    if not text.strip():
+        raise ConfigError("the sentence to draw attention for is empty")
+    run_dir = Path(run_dir)
+    task = RunConfig.load(run_dir).task
+    if task == "translation":
+        return _translation_attention(run_dir, text)
+    if task == "classification":
+        return _classification_attention(run_dir, text)
+    raise CheckpointError(f"{run_dir}: unknown task {task!r}")
+
+
+@torch.no_grad()
+def _translation_attention(run_dir: Path, text: str) -> SentenceAttention:
+    from qkv.data.special import BOS_ID
+    from qkv.inference.translate import DecodeOptions, translate_ids
+    from qkv.inference.translator import Translator
+
+    translator = Translator.load(run_dir, device="cpu")
+    model, tokenizer = translator.model, translator.tokenizer
+    src_ids = translator.encode([text])[0]
+    if not src_ids:
+        raise ConfigError(f"{text!r} has no tokens to attend to")
+    output_ids = translate_ids(model, [src_ids], DecodeOptions(beam_size=1), translator.device)[0]
+    tgt_in = [BOS_ID, *output_ids]
+    src = torch.tensor([src_ids])  # (1, S)
+    tgt = torch.tensor([tgt_in])  # (1, T)
+    _, maps = model.forward_with_maps(src, tgt)
+    src_tokens = tokenizer.tokens_from_ids(src_ids)
+    tgt_tokens = tokenizer.tokens_from_ids(tgt_in)
+    return SentenceAttention(
+        maps={
+            ENCODER_SELF: [m[0] for m in maps.encoder_self],  # (H, S, S) per layer
+            DECODER_SELF: [m[0] for m in maps.decoder_self],  # (H, T, T)
+            CROSS: [m[0] for m in maps.cross],  # (H, T, S)
+        },
+        query_tokens={ENCODER_SELF: src_tokens, DECODER_SELF: tgt_tokens, CROSS: tgt_tokens},
+        key_tokens={ENCODER_SELF: src_tokens, DECODER_SELF: tgt_tokens, CROSS: src_tokens},
+        title=f"{text.strip()} → {tokenizer.decode(output_ids)}",
+    )
+
+
+@torch.no_grad()
+def _classification_attention(run_dir: Path, text: str) -> SentenceAttention:
+    from qkv.data.special import CLS_ID
+    from qkv.model.classifier import TextClassifier
+    from qkv.run import WEIGHTS_FILE, RunConfig, load_tokenizer
+    from qkv.training.checkpoint import load_weights
+
+    config = RunConfig.load(run_dir)
+    tokenizer = load_tokenizer(run_dir)
+    model = TextClassifier(config.model).eval()
+    load_weights(model, run_dir / WEIGHTS_FILE)
+    ids = tokenizer.encode(text)
+    if config.data.get("cls"):
+        ids = [CLS_ID, *ids]
+    ids = ids[: config.model.max_len]
+    if not ids:
+        raise ConfigError(f"{text!r} has no tokens to attend to")
+    logits, maps = model.forward_with_maps(torch.tensor([ids]))  # (1, C)
+    probabilities = logits[0].softmax(-1)  # (C,)
+    predicted = int(probabilities.argmax())
+    labels = list(config.data.get("labels") or [])
+    label = str(labels[predicted]) if predicted < len(labels) else f"class {predicted}"
+    tokens = tokenizer.tokens_from_ids(ids)
+    return SentenceAttention(
+        maps={ENCODER_SELF: [m[0] for m in maps.encoder_self]},  # (H, S, S) per layer
+        query_tokens={ENCODER_SELF: tokens},
+        key_tokens={ENCODER_SELF: tokens},
+        title=f"predicted: {label} ({float(probabilities[predicted]):.0%})",
+    )

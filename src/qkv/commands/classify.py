@@ -1,0 +1,69 @@
+"""`qkv classify` and `qkv evaluate` for classification runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from qkv.cli import print_json
+from qkv.commands.io import input_lines
+from qkv.data.readers import read_labelled, read_texts
+from qkv.errors import ConfigError, DataError
+
+
+def run(args: argparse.Namespace) -> int:
+    from qkv.inference.classifier import Classifier
+
+    classifier = Classifier.load(args.run_dir)
+    texts = read_texts(Path(args.input)) if args.input else input_lines(None)
+    empty = [i + 1 for i, t in enumerate(texts) if not t.strip()]
+    if empty:
+        raise DataError(args.input or "<stdin>", "empty text", empty[0])
+    for text, (label, prob) in zip(texts, classifier.predict(texts), strict=True):
+        if args.json:
+            print(
+                json.dumps(
+                    {"label": label, "probability": round(prob, 6), "text": text},
+                    ensure_ascii=False,
+                )
+            )
+        else:
+            print(f"{label}\t{prob:.4f}")
+    return 0
+
+
+def evaluate_classification(args: argparse.Namespace) -> int:
+    from qkv.evaluation.classification import score_classification
+    from qkv.inference.classifier import Classifier
+
+    if not args.data:
+        raise ConfigError("evaluate on a classification run needs --data FILE")
+    classifier = Classifier.load(args.run_dir)
+    data = classifier.data
+    texts, gold = read_labelled(
+        Path(args.data), text_field=data.text_field, label_field=data.label_field
+    )
+    index = {name: i for i, name in enumerate(classifier.labels)}
+    for line, label in enumerate(gold, start=1):
+        if label not in index:
+            raise DataError(
+                args.data,
+                f"unknown label {label!r} (the run knows {', '.join(classifier.labels)})",
+                line,
+            )
+    predicted = classifier.probabilities(texts).argmax(-1).tolist()
+    scores = score_classification([index[g] for g in gold], predicted, classifier.labels)
+    if args.json:
+        print_json(scores.to_dict())
+        return 0
+    print(
+        f"accuracy {scores.accuracy:.4f}  macro-F1 {scores.macro_f1:.4f}  "
+        f"({scores.examples} examples)"
+    )
+    width = max(len(x) for x in scores.labels)
+    print("confusion (rows: true, columns: predicted)")
+    print(" " * width + "  " + "  ".join(f"{x:>{width}}" for x in scores.labels))
+    for name, row in zip(scores.labels, scores.confusion, strict=True):
+        print(f"{name:>{width}}  " + "  ".join(f"{v:>{width}}" for v in row))
+    return 0

@@ -1,0 +1,41 @@
+"""`qkv evaluate`: BLEU/chrF for translation runs, accuracy/F1 for classification runs."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from qkv.cli import print_json
+from qkv.errors import ConfigError
+from qkv.run import RunConfig
+
+
+def run(args: argparse.Namespace) -> int:
+    task = RunConfig.load(Path(args.run_dir)).task
+    if task == "translation":
+        return _translation(args)
+    from qkv.commands.classify import evaluate_classification
+
+    return evaluate_classification(args)
+
+
+def _translation(args: argparse.Namespace) -> int:
+    from qkv.data.readers import read_parallel
+    from qkv.evaluation.bleu import score_translations
+    from qkv.inference.translator import Translator
+
+    if not args.src or not args.ref:
+        raise ConfigError("evaluate on a translation run needs --src FILE and --ref FILE")
+    sources, references = read_parallel(Path(args.src), Path(args.ref))
+    translator = Translator.load(args.run_dir)
+    hypotheses = translator.translate(sources, beam_size=args.beam)
+    scores = score_translations(hypotheses, references)
+    if args.json:
+        print_json({"beam": args.beam, **scores.to_dict()})
+    else:
+        print(f"BLEU {scores.bleu:.2f}  ({scores.bleu_signature})")
+        print(f"chrF {scores.chrf:.2f}  ({scores.chrf_signature})")
+        print(
+            f"BLEU, lowercased tokens (secondary, as tutorials report): {scores.bleu_lowercase:.2f}"
+        )
+    return 0

@@ -1,0 +1,37 @@
+"""Reading inputs and writing outputs for the commands."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from qkv.data.readers import read_lines
+from qkv.errors import DataError
+
+
+def input_lines(path: str | None) -> list[str]:
+    """Lines of `path`, or of stdin; empty lines are kept (they translate to empty lines)."""
+    if path:
+        return read_lines(Path(path), allow_empty=True)
+    try:
+        data = sys.stdin.buffer.read()
+    except OSError as error:
+        raise DataError("<stdin>", f"unreadable ({error})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise DataError("<stdin>", "invalid UTF-8", line) from None
+    return text.splitlines()
+
+
+def write_lines(path: str | None, lines: list[str]) -> None:
+    text = "".join(line + "\n" for line in lines)
+    if path:
+        try:
+            Path(path).write_text(text, encoding="utf-8")
+        except OSError as error:
+            raise DataError(path, f"cannot write ({error.strerror})") from None
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()

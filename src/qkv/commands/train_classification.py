@@ -1,0 +1,35 @@
+"""`qkv train classification`: configs from a preset, flags and overrides, then train."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from qkv import overrides
+from qkv.errors import ConfigError
+
+
+def train(args: argparse.Namespace, out: Path, values: dict[str, str]) -> int:
+    from qkv.presets import classification_preset
+    from qkv.tasks.classification import ClassificationData, train_classification
+
+    if not args.train:
+        raise ConfigError("train classification needs --train FILE")
+    model, train_config, data = classification_preset(args.preset or "strong")
+    data = ClassificationData(
+        **{
+            **data.__dict__,
+            "train_file": args.train,
+            "valid_file": args.valid or "",
+            "valid_fraction": args.valid_fraction,
+        }
+    )
+    data, values = overrides.apply(data, values)
+    model, values = overrides.apply(model, values)
+    train_config, values = overrides.apply(train_config, values)
+    if values:
+        raise ConfigError(f"unknown setting(s): {', '.join(sorted(values))}")
+    progress = train_classification(data, model, train_config, out)
+    print(f"done: {out} (best accuracy {progress.best:.4f} at step {progress.best_step})")
+    print(f"classify with: qkv classify {out} --input FILE")
+    return 0

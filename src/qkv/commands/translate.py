@@ -1,0 +1,25 @@
+"""`qkv translate`: stdin (or a file) to stdout (or a file), one sentence per line."""
+
+from __future__ import annotations
+
+import argparse
+
+from qkv.commands.io import input_lines, write_lines
+
+
+def run(args: argparse.Namespace) -> int:
+    from qkv.inference.translator import Translator
+
+    translator = Translator.load(args.run_dir)
+    lines = input_lines(args.input)
+    outputs = translator.translate(
+        lines,
+        beam_size=args.beam,
+        alpha=args.alpha,
+        sampling=args.sample,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+    )
+    write_lines(args.output, outputs)
+    return 0

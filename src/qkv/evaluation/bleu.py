@@ -1,0 +1,39 @@
+"""Translation metrics with sacreBLEU, on detokenized, cased text."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from sacrebleu.metrics import BLEU, CHRF
+
+
+@dataclass
+class TranslationScores:
+    """Corpus scores of a system output against one reference per sentence."""
+
+    bleu: float  # sacreBLEU, cased, 13a tokenisation (the standard figure)
+    bleu_signature: str
+    chrf: float
+    chrf_signature: str
+    bleu_lowercase: float  # secondary: lowercased tokens, the figure tutorials often publish
+    sentences: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def score_translations(hypotheses: list[str], references: list[str]) -> TranslationScores:
+    """Score `hypotheses` against `references` (equal length lists of detokenized text)."""
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+    bleu, chrf, lower = BLEU(), CHRF(), BLEU(lowercase=True)
+    refs = [references]
+    return TranslationScores(
+        bleu=bleu.corpus_score(hypotheses, refs).score,
+        bleu_signature=str(bleu.get_signature()),
+        chrf=chrf.corpus_score(hypotheses, refs).score,
+        chrf_signature=str(chrf.get_signature()),
+        bleu_lowercase=lower.corpus_score(hypotheses, refs).score,
+        sentences=len(hypotheses),
+    )

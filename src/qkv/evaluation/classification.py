@@ -1,0 +1,44 @@
+"""Accuracy, macro-F1 and the confusion matrix."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass
+class ClassificationScores:
+    accuracy: float
+    macro_f1: float
+    confusion: list[list[int]]  # confusion[true][predicted]
+    labels: list[str]
+    examples: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def score_classification(
+    gold: list[int], predicted: list[int], labels: list[str]
+) -> ClassificationScores:
+    """Scores of predicted label indices against gold indices."""
+    if len(gold) != len(predicted):
+        raise ValueError(f"{len(gold)} gold labels but {len(predicted)} predictions")
+    n = len(labels)
+    confusion = [[0] * n for _ in range(n)]
+    for g, p in zip(gold, predicted, strict=True):
+        confusion[g][p] += 1
+    correct = sum(confusion[i][i] for i in range(n))
+    f1s = []
+    for i in range(n):
+        tp = confusion[i][i]
+        fp = sum(confusion[j][i] for j in range(n)) - tp
+        fn = sum(confusion[i]) - tp
+        f1s.append(2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 0.0)
+    return ClassificationScores(
+        accuracy=correct / max(len(gold), 1),
+        macro_f1=sum(f1s) / max(n, 1),
+        confusion=confusion,
+        labels=labels,
+        examples=len(gold),
+    )

@@ -1,0 +1,70 @@
+"""Label texts with a trained run: `Classifier.load(run_dir).predict(texts)`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from qkv.data.batching import collate_texts, token_budget_batches
+from qkv.data.tokenizer import Tokenizer
+from qkv.errors import CheckpointError
+from qkv.model.classifier import TextClassifier
+from qkv.run import WEIGHTS_FILE, RunConfig, load_tokenizer
+from qkv.tasks.classification import ClassificationData, encode_texts
+from qkv.training.checkpoint import load_weights
+from qkv.training.speed import pick_device
+
+
+class Classifier:
+    """A trained text classifier with its tokenizer and label names."""
+
+    def __init__(
+        self,
+        model: TextClassifier,
+        tokenizer: Tokenizer,
+        data: ClassificationData,
+        device: torch.device,
+    ) -> None:
+        self.model, self.tokenizer, self.data = model.eval().to(device), tokenizer, data
+        self.device = device
+
+    @property
+    def labels(self) -> list[str]:
+        return self.data.labels
+
+    @classmethod
+    def load(cls, run_dir: str | Path, device: str = "auto") -> Classifier:
+        """Load a run directory written by `qkv train classification`."""
+        run_dir = Path(run_dir)
+        config = RunConfig.load(run_dir)
+        if config.task != "classification":
+            raise CheckpointError(f"{run_dir}: a {config.task} run, not a classification run")
+        try:
+            data = ClassificationData(**config.data)
+        except TypeError as error:
+            raise CheckpointError(f"{run_dir}/config.json: bad data section ({error})") from None
+        tokenizer = load_tokenizer(run_dir)
+        model = TextClassifier(config.model)
+        load_weights(model, run_dir / WEIGHTS_FILE)
+        return cls(model, tokenizer, data, pick_device(device))
+
+    @torch.no_grad()
+    def probabilities(self, texts: list[str], max_tokens: int = 16384) -> torch.Tensor:
+        """Class probabilities (len(texts), C), in input order."""
+        ids = encode_texts(self.tokenizer, texts, self.data)
+        out = torch.zeros(len(texts), len(self.labels))
+        lengths = [len(x) + 1 for x in ids]
+        for batch in token_budget_batches(lengths, max_tokens, shuffle=False, seed=0, epoch=0):
+            rows = collate_texts([ids[i] for i in batch], [0] * len(batch), cls=self.data.cls)
+            logits = self.model(rows.ids.to(self.device))  # (B, C)
+            out[batch] = torch.softmax(logits.float(), dim=-1).cpu()
+        return out
+
+    def predict(self, texts: list[str]) -> list[tuple[str, float]]:
+        """The most likely label of each text and its probability."""
+        probs = self.probabilities(texts)
+        best = probs.max(dim=-1)
+        return [
+            (self.labels[int(i)], float(p)) for p, i in zip(best.values, best.indices, strict=True)
+        ]

@@ -1,0 +1,79 @@
+"""Batched translation of token ids: sort by length, decode under a token budget, restore order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from qkv.data.batching import token_budget_batches
+from qkv.data.special import PAD_ID
+from qkv.inference.beam import beam_search
+from qkv.inference.incremental import ModelDecoder
+from qkv.inference.search import greedy_search, sample
+from qkv.model.seq2seq import Seq2SeqTransformer
+
+
+@dataclass
+class DecodeOptions:
+    """How to decode. Output length is capped at max_len_a * |source| + max_len_b tokens."""
+
+    beam_size: int = 1  # 1 = greedy
+    alpha: float = 0.6  # GNMT length penalty exponent (beam search)
+    max_len_a: float = 1.5
+    max_len_b: int = 10
+    sampling: bool = False  # sample instead of searching
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    max_tokens: int = 6000  # source tokens x beam per batch
+
+
+@torch.no_grad()
+def translate_ids(
+    model: Seq2SeqTransformer,
+    sources: list[list[int]],
+    options: DecodeOptions,
+    device: torch.device,
+) -> list[list[int]]:
+    """Translate token-id sequences (no BOS/EOS) into target ids (no BOS/EOS), in input order."""
+    model.eval()
+    out: list[list[int]] = [[] for _ in sources]
+    todo = [i for i, s in enumerate(sources) if s]
+    lengths = [len(sources[i]) for i in todo]
+    budget = max(options.max_tokens // max(options.beam_size, 1), 1)
+    generator = torch.Generator(device=device).manual_seed(options.seed)
+    limit = model.config.max_len - 1
+    for batch in token_budget_batches(lengths, budget, shuffle=False, seed=0, epoch=0):
+        rows = [todo[i] for i in batch]
+        width = max(len(sources[r]) for r in rows)
+        src = torch.full((len(rows), width), PAD_ID, dtype=torch.long)
+        for j, r in enumerate(rows):
+            src[j, : len(sources[r])] = torch.tensor(sources[r])
+        src = src.to(device)
+        src_lengths = (src != PAD_ID).sum(1)  # (B,)
+        max_lengths = (src_lengths * options.max_len_a + options.max_len_b).long().clamp(1, limit)
+        decoder = ModelDecoder(model, src, int(max_lengths.max()) + 1)
+        if options.sampling:
+            found = sample(
+                decoder,
+                len(rows),
+                max_lengths,
+                options.temperature,
+                options.top_k,
+                options.top_p,
+                generator,
+            )
+        elif options.beam_size > 1:
+            found = [
+                hyps[0].tokens
+                for hyps in beam_search(
+                    decoder, len(rows), options.beam_size, max_lengths, options.alpha
+                )
+            ]
+        else:
+            found = greedy_search(decoder, len(rows), max_lengths)
+        for r, tokens in zip(rows, found, strict=True):
+            out[r] = tokens
+    return out

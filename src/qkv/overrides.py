@@ -1,0 +1,57 @@
+"""`key=value` overrides from the command line, applied to typed config dataclasses."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, TypeVar, Union, get_args, get_origin
+
+from qkv.errors import ConfigError
+
+T = TypeVar("T")
+
+
+def parse_pairs(pairs: list[str]) -> dict[str, str]:
+    """["lr=1e-3", "d_model=256"] -> {"lr": "1e-3", "d_model": "256"}."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"expected key=value, got {pair!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _convert(name: str, text: str, annotation: Any) -> Any:
+    origin = get_origin(annotation)
+    if origin in (Union, types.UnionType):
+        options = [a for a in get_args(annotation) if a is not type(None)]
+        if text.lower() in ("none", "null"):
+            return None
+        return _convert(name, text, options[0])
+    if origin is typing.Literal:
+        if text not in get_args(annotation):
+            choices = ", ".join(map(str, get_args(annotation)))
+            raise ConfigError(f"{name}: {text!r} is not one of {choices}")
+        return text
+    try:
+        if annotation is bool:
+            if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(text)
+            return text.lower() in ("true", "1", "yes")
+        if annotation in (int, float, str):
+            return annotation(text)
+    except ValueError:
+        raise ConfigError(f"{name}: cannot read {text!r} as {annotation.__name__}") from None
+    return text
+
+
+def apply(config: T, values: dict[str, str]) -> tuple[T, dict[str, str]]:
+    """Apply the overrides that name fields of `config`; return it and the ones left over."""
+    assert dataclasses.is_dataclass(config) and not isinstance(config, type)
+    hints = typing.get_type_hints(type(config))
+    names = {f.name for f in dataclasses.fields(config)}
+    mine = {k: _convert(k, v, hints[k]) for k, v in values.items() if k in names}
+    rest = {k: v for k, v in values.items() if k not in names}
+    return dataclasses.replace(config, **mine), rest

@@ -1,0 +1,227 @@
+"""Text classification: labelled texts in, a trained run directory out."""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from qkv.data.batching import collate_texts, token_budget_batches, truncate
+from qkv.data.cache import load_id_lists, save_id_lists
+from qkv.data.readers import read_labelled
+from qkv.data.tokenizer import Tokenizer
+from qkv.errors import DataError
+from qkv.model.classifier import TextClassifier
+from qkv.model.config import ModelConfig
+from qkv.run import TOKENIZER_FILE, RunConfig, load_tokenizer
+from qkv.training.config import TrainConfig
+from qkv.training.speed import pick_device, set_threads, tune_allocator
+from qkv.training.trainer import Progress, Trainer
+
+_BREAKS = re.compile(r"<br\s*/?>", re.IGNORECASE)
+
+
+def clean_text(text: str) -> str:
+    """HTML line breaks (as in IMDB reviews) become spaces; runs of spaces collapse."""
+    return " ".join(_BREAKS.sub(" ", text).split())
+
+
+@dataclass
+class ClassificationData:
+    """Where the labelled texts are and how to turn them into tokens."""
+
+    train_file: str = ""  # JSONL, CSV or TSV (optionally .gz)
+    valid_file: str = ""  # empty: hold out valid_fraction of the training file
+    valid_fraction: float = 0.1  # share of the training file held out for validation
+    text_field: str = "text"  # name of the text column / key
+    label_field: str = "label"  # name of the label column / key
+    vocab_size: int = 16000  # BPE vocabulary size
+    min_frequency: int = 2  # BPE merges need this many occurrences
+    lowercase: bool = False  # lowercase before BPE
+    max_len: int = 256  # tokens kept per text
+    head_tail: bool = True  # keep the head and the tail of long texts (else the head)
+    cls: bool = False  # prepend a [CLS] token (set from the model's pooling)
+    labels: list[str] = field(default_factory=list)  # label names, filled from the data
+
+
+def sorted_labels(values: list[str]) -> list[str]:
+    """Label names in a stable order: numerically when they are all integers."""
+    unique = set(values)
+    if all(v.lstrip("-").isdigit() for v in unique):
+        return sorted(unique, key=int)
+    return sorted(unique)
+
+
+def encode_texts(
+    tokenizer: Tokenizer, texts: list[str], data: ClassificationData
+) -> list[list[int]]:
+    """Clean, tokenize and truncate texts to what the model sees (the [CLS] slot included)."""
+    room = data.max_len - (1 if data.cls else 0)
+    return [
+        truncate(ids, room, data.head_tail)
+        for ids in tokenizer.encode_batch([clean_text(t) for t in texts])
+    ]
+
+
+class ClassificationTask:
+    """Batches, loss and validation (loss, accuracy) of a text classifier."""
+
+    metric = "accuracy"
+
+    def __init__(
+        self,
+        model: TextClassifier,
+        corpora: dict[str, list[list[int]]],
+        data: ClassificationData,
+        train: TrainConfig,
+    ) -> None:
+        self.model, self.data, self.train_config = model, data, train
+        self.ids, self.labels = corpora["train.ids"], [y[0] for y in corpora["train.labels"]]
+        self.valid_ids = corpora["valid.ids"]
+        self.valid_labels = [y[0] for y in corpora["valid.labels"]]
+        extra = 1 if data.cls else 0
+        self.lengths = [len(x) + extra for x in self.ids]
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        c = self.train_config
+        return token_budget_batches(
+            self.lengths, c.max_tokens, shuffle=True, seed=c.seed, epoch=epoch
+        )
+
+    def n_targets(self, batch: list[int]) -> int:
+        return len(batch)
+
+    def loss(self, batch: list[int], device: torch.device) -> tuple[torch.Tensor, dict[str, float]]:
+        texts = collate_texts(
+            [self.ids[i] for i in batch], [self.labels[i] for i in batch], cls=self.data.cls
+        ).to(device)
+        logits = self.model(texts.ids)  # (B, C)
+        loss = F.cross_entropy(
+            logits.float(),
+            texts.labels,
+            reduction="sum",
+            label_smoothing=self.train_config.label_smoothing,
+        )
+        correct = float((logits.argmax(-1) == texts.labels).sum())
+        return loss, {"accuracy": correct}
+
+    def evaluate(self, device: torch.device) -> dict[str, float]:
+        total, correct = 0.0, 0
+        lengths = [len(x) for x in self.valid_ids]
+        budget = self.train_config.max_tokens * 2
+        for batch in token_budget_batches(lengths, budget, shuffle=False, seed=0, epoch=0):
+            texts = collate_texts(
+                [self.valid_ids[i] for i in batch],
+                [self.valid_labels[i] for i in batch],
+                cls=self.data.cls,
+            ).to(device)
+            logits = self.model(texts.ids)
+            total += float(F.cross_entropy(logits.float(), texts.labels, reduction="sum"))
+            correct += int((logits.argmax(-1) == texts.labels).sum())
+        n = max(len(self.valid_ids), 1)
+        return {"loss": total / n, "accuracy": correct / n}
+
+
+def _split(
+    texts: list[str], labels: list[str], fraction: float, seed: int
+) -> tuple[list[str], list[str], list[str], list[str]]:
+    order = list(range(len(texts)))
+    random.Random(seed).shuffle(order)
+    n_valid = max(1, round(len(texts) * fraction))
+    if n_valid >= len(texts):
+        raise DataError("<train>", f"too few examples ({len(texts)}) to hold out {fraction:.0%}")
+    valid, train = order[:n_valid], order[n_valid:]
+    return (
+        [texts[i] for i in train],
+        [labels[i] for i in train],
+        [texts[i] for i in valid],
+        [labels[i] for i in valid],
+    )
+
+
+def prepare(
+    data: ClassificationData, run_dir: Path, tokenizer: Tokenizer | None, seed: int
+) -> tuple[Tokenizer, dict[str, list[list[int]]], ClassificationData]:
+    """Read, split, train (or reuse) the tokenizer, tokenize once and cache."""
+    texts, labels = read_labelled(
+        Path(data.train_file), text_field=data.text_field, label_field=data.label_field
+    )
+    if data.valid_file:
+        valid_texts, valid_labels = read_labelled(
+            Path(data.valid_file), text_field=data.text_field, label_field=data.label_field
+        )
+    else:
+        texts, labels, valid_texts, valid_labels = _split(texts, labels, data.valid_fraction, seed)
+    names = data.labels or sorted_labels(labels)
+    if len(names) < 2:
+        raise DataError(data.train_file, f"needs at least 2 labels, found {names}")
+    index = {name: i for i, name in enumerate(names)}
+    unknown = sorted(set(valid_labels) - set(index))
+    if unknown:
+        raise DataError(
+            data.valid_file or data.train_file,
+            f"validation labels not seen in training: {', '.join(unknown[:5])}",
+        )
+    data.labels = names
+    if tokenizer is None:
+        tokenizer = Tokenizer.train(
+            (clean_text(t) for t in texts), data.vocab_size, data.min_frequency, data.lowercase
+        )
+        tokenizer.save(run_dir / TOKENIZER_FILE)
+    cache_path = run_dir / "cache" / "tokens.safetensors"
+    corpora = load_id_lists(cache_path)
+    if corpora is None:
+        corpora = {
+            "train.ids": encode_texts(tokenizer, texts, data),
+            "train.labels": [[index[y]] for y in labels],
+            "valid.ids": encode_texts(tokenizer, valid_texts, data),
+            "valid.labels": [[index[y]] for y in valid_labels],
+        }
+        save_id_lists(cache_path, corpora)
+    return tokenizer, corpora, data
+
+
+def train_classification(
+    data: ClassificationData | None,
+    model_config: ModelConfig | None,
+    train_config: TrainConfig | None,
+    run_dir: Path,
+    resume: bool = False,
+) -> Progress:
+    """Train a text classifier into `run_dir`, or continue one (`resume`)."""
+    tokenizer: Tokenizer | None = None
+    if resume:
+        run = RunConfig.load(run_dir)
+        data, model_config, train_config = ClassificationData(**run.data), run.model, run.train
+        tokenizer = load_tokenizer(run_dir)
+    else:
+        assert data is not None and model_config is not None and train_config is not None
+        run_dir.mkdir(parents=True, exist_ok=True)
+        data.cls = model_config.pooling == "cls"
+    set_threads(train_config.threads)
+    tune_allocator()
+    torch.use_deterministic_algorithms(train_config.deterministic)
+    tokenizer, corpora, data = prepare(data, run_dir, tokenizer, train_config.seed)
+    if not resume:
+        fields: dict[str, Any] = {
+            **model_config.to_dict(),
+            "vocab_size": tokenizer.vocab_size,
+            "n_classes": len(data.labels),
+            "n_decoder_layers": 0,
+            "max_len": max(model_config.max_len, data.max_len),
+        }
+        model_config = ModelConfig(**fields)
+        RunConfig("classification", model_config, train_config, asdict(data)).save(run_dir)
+    random.seed(train_config.seed)
+    torch.manual_seed(train_config.seed)
+    model = TextClassifier(model_config)
+    task = ClassificationTask(model, corpora, data, train_config)
+    trainer = Trainer(task, train_config, run_dir, pick_device(train_config.device))
+    if resume:
+        trainer.resume()
+    return trainer.train()

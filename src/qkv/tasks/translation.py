@@ -1,0 +1,184 @@
+"""Translation: parallel text in, a trained run directory out."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from qkv.data.batching import PairBatch, collate_pairs, pair_lengths, token_budget_batches
+from qkv.data.cache import load_id_lists, save_id_lists
+from qkv.data.readers import find_split, read_parallel
+from qkv.data.special import PAD_ID
+from qkv.data.tokenizer import Tokenizer
+from qkv.evaluation.bleu import score_translations
+from qkv.inference.translate import DecodeOptions, translate_ids
+from qkv.model.config import ModelConfig
+from qkv.model.seq2seq import Seq2SeqTransformer
+from qkv.run import TOKENIZER_FILE, RunConfig, load_tokenizer
+from qkv.training.config import TrainConfig
+from qkv.training.losses import nonpad_logits, smoothed_cross_entropy
+from qkv.training.speed import pick_device, set_threads, tune_allocator
+from qkv.training.trainer import Progress, Trainer
+
+
+@dataclass
+class TranslationData:
+    """Where the parallel text is and how to turn it into tokens."""
+
+    data_dir: str = ""  # holds train.{src,tgt}[.gz] and val.{src,tgt}[.gz]
+    src: str = "de"  # source language suffix
+    tgt: str = "en"  # target language suffix
+    vocab_size: int = 8000  # joint BPE vocabulary size
+    min_frequency: int = 2  # BPE merges need this many occurrences
+    lowercase: bool = False  # lowercase before BPE (output is then lowercase too)
+    max_len: int = 128  # training pairs longer than this (tokens) are skipped
+    valid_sentences: int = 0  # cap on validation sentences decoded for BLEU; 0 = all
+
+
+class TranslationTask:
+    """Batches, loss and validation (loss, greedy BLEU, chrF) of a translation model."""
+
+    metric = "bleu"
+
+    def __init__(
+        self,
+        model: Seq2SeqTransformer,
+        tokenizer: Tokenizer,
+        corpora: dict[str, list[list[int]]],
+        valid_refs: list[str],
+        train: TrainConfig,
+        label_smoothing: float,
+    ) -> None:
+        self.model, self.tokenizer, self.train_config = model, tokenizer, train
+        self.src, self.tgt = corpora["train.src"], corpora["train.tgt"]
+        self.valid_src, self.valid_tgt = corpora["valid.src"], corpora["valid.tgt"]
+        self.valid_refs = valid_refs
+        self.label_smoothing = label_smoothing
+        self.lengths = pair_lengths(self.src, self.tgt)
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        c = self.train_config
+        return token_budget_batches(
+            self.lengths, c.max_tokens, shuffle=True, seed=c.seed, epoch=epoch
+        )
+
+    def n_targets(self, batch: list[int]) -> int:
+        return sum(len(self.tgt[i]) + 1 for i in batch)
+
+    def collate(self, batch: list[int], device: torch.device) -> PairBatch:
+        return collate_pairs([self.src[i] for i in batch], [self.tgt[i] for i in batch]).to(device)
+
+    def loss(self, batch: list[int], device: torch.device) -> tuple[torch.Tensor, dict[str, float]]:
+        pairs = self.collate(batch, device)
+        states = self.model.hidden(pairs.src, pairs.tgt_in)  # (B, T, D)
+        logits, labels = nonpad_logits(self.model.output, states, pairs.labels, PAD_ID)
+        return smoothed_cross_entropy(logits, labels, self.label_smoothing), {}
+
+    def evaluate(self, device: torch.device) -> dict[str, float]:
+        total, count = 0.0, 0
+        lengths = pair_lengths(self.valid_src, self.valid_tgt)
+        budget = self.train_config.max_tokens
+        for batch in token_budget_batches(lengths, budget, shuffle=False, seed=0, epoch=0):
+            pairs = collate_pairs(
+                [self.valid_src[i] for i in batch], [self.valid_tgt[i] for i in batch]
+            ).to(device)
+            states = self.model.hidden(pairs.src, pairs.tgt_in)
+            logits, labels = nonpad_logits(self.model.output, states, pairs.labels, PAD_ID)
+            total += float(smoothed_cross_entropy(logits, labels, 0.0))
+            count += labels.numel()
+        found = translate_ids(self.model, self.valid_src, DecodeOptions(), device)
+        scores = score_translations(self.tokenizer.decode_batch(found), self.valid_refs)
+        return {
+            "loss": total / max(count, 1),
+            "bleu": scores.bleu,
+            "chrf": scores.chrf,
+            "bleu_lowercase": scores.bleu_lowercase,
+        }
+
+
+def prepare(
+    data: TranslationData, run_dir: Path, tokenizer: Tokenizer | None
+) -> tuple[Tokenizer, dict[str, list[list[int]]], list[str]]:
+    """Read and validate the text, train (or reuse) the tokenizer, tokenize once and cache."""
+    directory = Path(data.data_dir)
+    train_src, train_tgt = read_parallel(
+        find_split(directory, "train", data.src), find_split(directory, "train", data.tgt)
+    )
+    valid_src, valid_tgt = read_parallel(
+        find_split(directory, "val", data.src), find_split(directory, "val", data.tgt)
+    )
+    if data.valid_sentences:
+        valid_src, valid_tgt = valid_src[: data.valid_sentences], valid_tgt[: data.valid_sentences]
+    if tokenizer is None:
+        tokenizer = Tokenizer.train(
+            train_src + train_tgt, data.vocab_size, data.min_frequency, data.lowercase
+        )
+        tokenizer.save(run_dir / TOKENIZER_FILE)
+    cache_path = run_dir / "cache" / "tokens.safetensors"
+    corpora = load_id_lists(cache_path)
+    if corpora is None:
+        corpora = {
+            "train.src": tokenizer.encode_batch(train_src),
+            "train.tgt": tokenizer.encode_batch(train_tgt),
+            "valid.src": tokenizer.encode_batch(valid_src),
+            "valid.tgt": tokenizer.encode_batch(valid_tgt),
+        }
+        keep = [
+            i
+            for i, (s, t) in enumerate(zip(corpora["train.src"], corpora["train.tgt"], strict=True))
+            if 0 < len(s) < data.max_len and len(t) < data.max_len
+        ]
+        if len(keep) < len(train_src):
+            print(
+                f"skipping {len(train_src) - len(keep)} training pairs longer than "
+                f"{data.max_len} tokens"
+            )
+        corpora["train.src"] = [corpora["train.src"][i] for i in keep]
+        corpora["train.tgt"] = [corpora["train.tgt"][i] for i in keep]
+        save_id_lists(cache_path, corpora)
+    return tokenizer, corpora, valid_tgt
+
+
+def train_translation(
+    data: TranslationData | None,
+    model_config: ModelConfig | None,
+    train_config: TrainConfig | None,
+    run_dir: Path,
+    resume: bool = False,
+) -> Progress:
+    """Train a translation model into `run_dir`, or continue one (`resume`)."""
+    if resume:
+        run = RunConfig.load(run_dir)
+        data = TranslationData(**run.data)
+        model_config, train_config = run.model, run.train
+        tokenizer: Tokenizer | None = load_tokenizer(run_dir)
+    else:
+        assert data is not None and model_config is not None and train_config is not None
+        run_dir.mkdir(parents=True, exist_ok=True)
+        tokenizer = None
+    set_threads(train_config.threads)
+    tune_allocator()
+    torch.use_deterministic_algorithms(train_config.deterministic)
+    tokenizer, corpora, valid_refs = prepare(data, run_dir, tokenizer)
+    if not resume:
+        model_config = _with_vocab(model_config, tokenizer.vocab_size)
+        RunConfig("translation", model_config, train_config, asdict(data)).save(run_dir)
+    random.seed(train_config.seed)
+    torch.manual_seed(train_config.seed)
+    model = Seq2SeqTransformer(model_config)
+    task = TranslationTask(
+        model, tokenizer, corpora, valid_refs, train_config, train_config.label_smoothing
+    )
+    trainer = Trainer(task, train_config, run_dir, pick_device(train_config.device))
+    if resume:
+        trainer.resume()
+    return trainer.train()
+
+
+def _with_vocab(config: ModelConfig, vocab_size: int) -> ModelConfig:
+    fields: dict[str, Any] = {**config.to_dict(), "vocab_size": vocab_size, "tgt_vocab_size": None}
+    return ModelConfig(**fields)
