@@ -1,0 +1,105 @@
+"""A tiny translation run end to end: train -> save -> load -> translate -> evaluate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from qkv.cli import main
+from qkv.inference.translator import Translator
+from qkv.tasks.dates import generate_date_pairs
+
+
+def write_pairs(directory: Path, split: str, pairs: list[tuple[str, str]]) -> None:
+    (directory / f"{split}.src").write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
+    (directory / f"{split}.tgt").write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("translation")
+    data = root / "data"
+    data.mkdir()
+    write_pairs(data, "train", generate_date_pairs(400, seed=1))
+    write_pairs(data, "val", generate_date_pairs(30, seed=2))
+    run = root / "run"
+    code = main(
+        [
+            "train",
+            "translation",
+            "--data",
+            str(data),
+            "--src",
+            "src",
+            "--tgt",
+            "tgt",
+            "--out",
+            str(run),
+            "--preset",
+            "tiny",
+            "vocab_size=120",
+            "max_steps=40",
+            "eval_every=20",
+            "average_last=2",
+            "threads=2",
+        ]
+    )
+    assert code == 0
+    return run
+
+
+def test_run_directory_holds_everything(tiny_run: Path) -> None:
+    for name in ("config.json", "tokenizer.json", "model.safetensors", "metrics.jsonl"):
+        assert (tiny_run / name).is_file(), name
+    records = [json.loads(x) for x in (tiny_run / "metrics.jsonl").read_text().splitlines()]
+    valid = [r for r in records if r["split"] == "valid"]
+    assert {"loss", "bleu", "chrf", "bleu_lowercase"} <= set(valid[0])
+    assert any(r.get("averaged") == 2 for r in valid)
+    assert not list((tiny_run / "checkpoints").glob("*.tmp"))
+
+
+def test_translator_round_trip(tiny_run: Path) -> None:
+    translator = Translator.load(tiny_run)
+    sentences = [s for s, _ in generate_date_pairs(5, seed=3)]
+    greedy = translator.translate(sentences, beam_size=1)
+    beam = translator.translate(sentences, beam_size=4)
+    assert len(greedy) == len(beam) == 5
+    assert all(isinstance(x, str) for x in greedy + beam)
+    assert translator.translate([""], beam_size=1) == [""]
+
+
+def test_translate_and_evaluate_commands(
+    tiny_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pairs = generate_date_pairs(10, seed=4)
+    src, ref = tmp_path / "test.src", tmp_path / "test.ref"
+    src.write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
+    ref.write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")
+    out = tmp_path / "out.txt"
+    assert (
+        main(["translate", str(tiny_run), "--input", str(src), "--output", str(out), "--beam", "2"])
+        == 0
+    )
+    assert len(out.read_text(encoding="utf-8").splitlines()) == 10
+    assert (
+        main(
+            [
+                "evaluate",
+                str(tiny_run),
+                "--src",
+                str(src),
+                "--ref",
+                str(ref),
+                "--json",
+                "--beam",
+                "1",
+            ]
+        )
+        == 0
+    )
+    scores = json.loads(capsys.readouterr().out)
+    assert 0.0 <= scores["bleu"] <= 100.0
+    assert scores["bleu_signature"].startswith("nrefs:1")
+    assert scores["sentences"] == 10
