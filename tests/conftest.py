@@ -23,6 +23,6 @@ def _seed() -> None:
 @pytest.fixture
 def data_dir() -> Path:
     """The real data sets; tests using them skip when they are absent."""
-    if not (DATA_DIR / "multi30k").is_dir():
+    if not (DATA_DIR / "multi30k").is_dir() or not (DATA_DIR / "imdb").is_dir():
         pytest.skip(f"real data sets not found under {DATA_DIR} (set QKV_DATA)")
     return DATA_DIR

@@ -22,6 +22,7 @@ from qkv.run import TOKENIZER_FILE, RunConfig, load_tokenizer
 from qkv.training.config import TrainConfig
 from qkv.training.speed import pick_device, set_threads, tune_allocator
 from qkv.training.trainer import Progress, Trainer
+from qkv.viz.curves import write_curves
 
 _BREAKS = re.compile(r"<br\s*/?>", re.IGNORECASE)
 
@@ -224,4 +225,6 @@ def train_classification(
     trainer = Trainer(task, train_config, run_dir, pick_device(train_config.device))
     if resume:
         trainer.resume()
-    return trainer.train()
+    progress = trainer.train()
+    write_curves(run_dir)
+    return progress

@@ -139,7 +139,6 @@ def run_demo(
         ConfigError: if a size or the budget is not positive, or `out_dir/run` exists and is
             not a qkv run.
     """
-    from qkv.commands.attention import draw_attention
     from qkv.inference.translator import Translator
     from qkv.tasks.translation import train_translation
     from qkv.viz.curves import plot_curves
@@ -154,9 +153,7 @@ def run_demo(
 
     echo(f"generating {n_train} training dates into {data_dir}")
     test = make_demo_data(data_dir, seed, n_train, n_valid, n_test)
-    data = TranslationData(
-        data_dir=str(data_dir), src="src", tgt="tgt", vocab_size=400, max_len=64
-    )
+    data = TranslationData(data_dir=str(data_dir), src="src", tgt="tgt", vocab_size=400, max_len=64)
     echo(f"training a small Transformer for {minutes:g} min into {run_dir}")
     train_translation(data, demo_model(), demo_training(minutes, seed, eval_every), run_dir)
 
@@ -170,12 +167,24 @@ def run_demo(
     accuracy = sum(example.correct for example in scored) / len(scored)
 
     shown = scored[:n_examples]
-    attention = draw_attention(
-        run_dir, shown[0].source, out_dir / ATTENTION_FILE, last_layer_self=True
-    )
+    attention = draw_demo_attention(run_dir, shown[0].source, out_dir / ATTENTION_FILE)
     curves = plot_curves(run_dir / "metrics.jsonl", out_dir / CURVES_FILE)
     paths = {"data": data_dir, "run": run_dir, "attention": attention, "curves": curves}
     return DemoResult(accuracy, shown, paths)
+
+
+def draw_demo_attention(run_dir: Path, source: str, out: Path) -> Path:
+    """Cross-attention of every layer, then decoder and encoder self-attention of the last."""
+    from qkv.commands.attention import CROSS, DECODER_SELF, ENCODER_SELF, sentence_attention
+    from qkv.viz.attention import plot_attention, select_panels
+
+    attention = sentence_attention(run_dir, source)
+    tokens = (attention.query_tokens, attention.key_tokens)
+    panels = select_panels({CROSS: attention.maps[CROSS]}, *tokens)
+    for kind in (DECODER_SELF, ENCODER_SELF):
+        per_layer = attention.maps[kind]
+        panels += select_panels({kind: per_layer}, *tokens, layers=[len(per_layer) - 1])
+    return plot_attention(panels, out, title=attention.title)
 
 
 def _clear_previous_run(run_dir: Path) -> None:

@@ -23,6 +23,7 @@ from qkv.training.config import TrainConfig
 from qkv.training.losses import nonpad_logits, smoothed_cross_entropy
 from qkv.training.speed import pick_device, set_threads, tune_allocator
 from qkv.training.trainer import Progress, Trainer
+from qkv.viz.curves import write_curves
 
 
 @dataclass
@@ -176,7 +177,9 @@ def train_translation(
     trainer = Trainer(task, train_config, run_dir, pick_device(train_config.device))
     if resume:
         trainer.resume()
-    return trainer.train()
+    progress = trainer.train()
+    write_curves(run_dir)
+    return progress
 
 
 def _with_vocab(config: ModelConfig, vocab_size: int) -> ModelConfig:

@@ -149,3 +149,11 @@ def _decorate(ax: Axes, title: str, y_label: str) -> None:
     ax.grid(True, alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend()
+
+
+def write_curves(run_dir: Path) -> Path | None:
+    """Draw RUN/curves.png from RUN/metrics.jsonl after training; None if there is no log."""
+    metrics = Path(run_dir) / "metrics.jsonl"
+    if not metrics.is_file():
+        return None
+    return plot_curves(metrics, Path(run_dir) / "curves.png")
