@@ -75,17 +75,16 @@ def _translation_presets() -> dict[str, tuple[ModelConfig, TrainConfig]]:
             TrainConfig(lr=3e-3, warmup=100, max_tokens=1024, eval_every=100, max_epochs=30),
         ),
         "multi30k-cpu": (
-            replace(transformer_small(), dropout=0.1),
+            transformer_small(),
             TrainConfig(
                 lr=1e-3,
-                warmup=800,
+                warmup=400,
                 max_tokens=3000,
-                eval_every=400,
+                eval_every=300,
                 max_epochs=40,
                 max_minutes=55,
-                average_last=5,
-                keep_checkpoints=5,
-                threads=2,
+                average_last=3,
+                keep_checkpoints=3,
             ),
         ),
         "multi30k-gpu": (
@@ -119,8 +118,9 @@ def classification_preset(name: str) -> tuple[ModelConfig, TrainConfig, Classifi
     """Model, training and data settings of the classification preset `name`.
 
     `seed` mirrors the tutorial's Keras classifier: 128-wide embeddings, one single-head
-    self-attention layer, average pooling, dropout 0.5, a dense softmax layer, Adam, 64 tokens
-    per review, 5 epochs. `strong` is a full encoder over long head+tail excerpts.
+    self-attention layer, average pooling, dropout 0.5, a dense softmax layer, Adam, 5 epochs,
+    and reviews cut to 64 words, which is about 80 BPE tokens (head and tail kept).
+    `strong` is a full encoder over long head+tail excerpts.
     """
     from qkv.tasks.classification import ClassificationData
 
@@ -148,7 +148,7 @@ def classification_preset(name: str) -> tuple[ModelConfig, TrainConfig, Classifi
                 n_decoder_layers=0,
                 dropout=0.1,
                 head_dropout=0.5,
-                max_len=64,
+                max_len=80,
             ),
             TrainConfig(
                 lr=1e-3,
@@ -159,7 +159,7 @@ def classification_preset(name: str) -> tuple[ModelConfig, TrainConfig, Classifi
                 label_smoothing=0.0,
                 clip_norm=0.0,
             ),
-            ClassificationData(vocab_size=20000, max_len=64, head_tail=True),
+            ClassificationData(vocab_size=20000, max_len=80, head_tail=True),
         ),
         "strong": (
             ModelConfig(
@@ -175,14 +175,14 @@ def classification_preset(name: str) -> tuple[ModelConfig, TrainConfig, Classifi
             TrainConfig(
                 lr=1e-3,
                 warmup=300,
-                max_tokens=32 * 384,
-                eval_every=300,
+                max_tokens=32 * 512,
+                eval_every=350,
                 max_epochs=4,
                 label_smoothing=0.0,
                 average_last=3,
                 max_minutes=55,
             ),
-            ClassificationData(vocab_size=16000, max_len=384, head_tail=True),
+            ClassificationData(vocab_size=16000, max_len=512, head_tail=True),
         ),
     }
     if name not in presets:

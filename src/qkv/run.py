@@ -11,7 +11,10 @@ Everything that loads a run needs only its path; nothing here unpickles anything
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,7 +62,7 @@ class RunConfig:
             raise CheckpointError(f"{path}: not found; is {run_dir} a qkv run directory?")
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        except (OSError, ValueError, RecursionError) as error:
             raise CheckpointError(f"{path}: corrupt ({error})") from None
         if not isinstance(raw, dict):
             raise CheckpointError(f"{path}: expected a JSON object")
@@ -71,12 +74,43 @@ class RunConfig:
         try:
             return cls(
                 task=str(raw["task"]),
-                model=ModelConfig.from_dict(raw["model"]),
-                train=TrainConfig.from_dict(raw["train"]),
-                data=dict(raw.get("data", {})),
+                model=ModelConfig.from_dict(_typed(raw["model"], ModelConfig, "model")),
+                train=TrainConfig.from_dict(_typed(raw["train"], TrainConfig, "train")),
+                data=_typed(raw.get("data", {}), dict, "data"),
             )
         except (KeyError, TypeError, ConfigError) as error:
             raise CheckpointError(f"{path}: invalid config ({error})") from None
+
+
+def _typed(section: Any, config: type, name: str) -> dict[str, Any]:
+    """`section` of config.json, checked to be an object whose values fit `config`'s fields."""
+    if not isinstance(section, dict):
+        raise ConfigError(f"'{name}' must be a JSON object, got {type(section).__name__}")
+    hints = typing.get_type_hints(config) if dataclasses.is_dataclass(config) else {}
+    for key, value in section.items():
+        hint = hints.get(key)
+        if hint is not None and not _fits(value, hint):
+            expected = (
+                str(hint).replace("typing.", "") if typing.get_origin(hint) else hint.__name__
+            )
+            raise ConfigError(f"{name}.{key} is {value!r}, expected {expected}")
+    return section
+
+
+def _fits(value: Any, annotation: Any) -> bool:
+    """Whether a JSON value has the declared type (an int counts as a float, a bool as neither)."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, option) for option in typing.get_args(annotation))
+    if origin is typing.Literal:
+        return value in typing.get_args(annotation)
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation is type(None):
+        return value is None
+    return isinstance(value, origin or annotation)
 
 
 def load_tokenizer(run_dir: Path) -> Tokenizer:

@@ -100,4 +100,4 @@ def test_seed_preset_mirrors_the_tutorial() -> None:
 
     model, train, data = classification_preset("seed")
     assert (model.d_model, model.n_encoder_layers, model.n_heads) == (128, 1, 1)
-    assert model.head_dropout == 0.5 and data.max_len == 64 and train.max_epochs == 5
+    assert model.head_dropout == 0.5 and data.max_len == 80 and train.max_epochs == 5

@@ -119,16 +119,15 @@ def draw_attention(
     """
     from qkv.viz.attention import plot_attention, select_panels
 
-    attention = sentence_attention(run_dir, text)
     wanted = list(KINDS) if kinds is None else list(kinds)
     unknown = [kind for kind in wanted if kind not in KINDS]
     if unknown:
         raise ConfigError(f"unknown attention kind {unknown[0]!r}; choose from {', '.join(KINDS)}")
-    chosen = {kind: attention.maps[kind] for kind in KINDS if kind in wanted and kind in attention.maps}
+    attention = sentence_attention(run_dir, text)
+    chosen = {kind: attention.maps[kind] for kind in wanted if kind in attention.maps}
     if not chosen:
         raise ConfigError(
-            f"this model has no {' or '.join(wanted)} attention; it has "
-            f"{', '.join(attention.maps)}"
+            f"this model has no {' or '.join(wanted)} attention; it has {', '.join(attention.maps)}"
         )
     panels = select_panels(chosen, attention.query_tokens, attention.key_tokens, layers, heads)
     return plot_attention(panels, out, title=attention.title)

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv.model.kv_cache import KVCache
+from qkv.model.packing import Packing
 
 
 class MultiHeadAttention(nn.Module):
@@ -49,16 +50,11 @@ class MultiHeadAttention(nn.Module):
 
     def project_q(self, x: Tensor) -> Tensor:
         """Query projection only: x (B, T, D) -> (B, H, T, K)."""
-        d = self.d_model
-        bias = None if self.in_proj.bias is None else self.in_proj.bias[:d]
-        return self._split_heads(F.linear(x, self.in_proj.weight[:d], bias))  # (B, H, T, K)
+        return self._split_heads(self._project(x, 0, 1))  # (B, H, T, K)
 
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Key and value projections in one matmul: memory (B, S, D) -> k, v each (B, H, S, K)."""
-        d = self.d_model
-        bias = None if self.in_proj.bias is None else self.in_proj.bias[d:]
-        kv = F.linear(memory, self.in_proj.weight[d:], bias)  # (B, S, 2D)
-        k, v = kv.chunk(2, dim=-1)  # 2 x (B, S, D)
+        k, v = self._project(memory, 1, 3).chunk(2, dim=-1)  # 2 x (B, S, D)
         return self._split_heads(k), self._split_heads(v)
 
     def attend(
@@ -110,17 +106,50 @@ class MultiHeadAttention(nn.Module):
             if key is value:
                 k, v = self.project_kv(key)  # (B, H, S, K) each
             else:
-                k = self._split_heads(self._project_slice(key, 1))  # (B, H, S, K)
-                v = self._split_heads(self._project_slice(value, 2))  # (B, H, S, K)
+                k = self._split_heads(self._project(key, 1, 2))  # (B, H, S, K)
+                v = self._split_heads(self._project(value, 2, 3))  # (B, H, S, K)
         if cache is not None:
             k, v = cache.append(k, v)  # (B, H, S_cached, K)
         return self.attend(q, k, v, mask, need_weights)
 
-    def _project_slice(self, x: Tensor, index: int) -> Tensor:
-        d = self.d_model
-        rows = slice(index * d, (index + 1) * d)
+    def forward_packed(
+        self,
+        query: Tensor,
+        memory: Tensor,
+        mask: Tensor | None,
+        query_rows: Packing,
+        memory_rows: Packing,
+    ) -> Tensor:
+        """Fused attention in which only real tokens go through the projections.
+
+        Equal, on the real query tokens, to `forward` on the padded batches; see `packing.py`.
+
+        Args:
+            query: (M, D) the real tokens of a (B, T) batch, placed by `query_rows`.
+            memory: (M', D) the real tokens of a (B, S) batch, placed by `memory_rows`;
+                `query` itself for self-attention.
+            mask: bool, True = may attend, broadcastable to (B, H, T, S), or None.
+
+        Returns:
+            (M, D) the output of each real query token.
+        """
+        if memory is query:
+            qkv = query_rows.unpack(self.in_proj(query))  # (B, T, 3D)
+            q, k, v = (self._split_heads(x) for x in qkv.chunk(3, dim=-1))  # (B, H, T, K) each
+        else:
+            q = self._split_heads(query_rows.unpack(self._project(query, 0, 1)))  # (B, H, T, K)
+            kv = memory_rows.unpack(self._project(memory, 1, 3))  # (B, S, 2D)
+            k, v = (self._split_heads(x) for x in kv.chunk(2, dim=-1))  # (B, H, S, K) each
+        dropout_p = self.dropout if self.training else 0.0
+        context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        merged = context.transpose(1, 2).flatten(2)  # (B, T, D)
+        return self.out_proj(query_rows.pack(merged))  # (M, D)
+
+    def _project(self, x: Tensor, first: int, last: int) -> Tensor:
+        """x (..., D) through rows [first * D, last * D) of `in_proj` (0 q, 1 k, 2 v)."""
+        rows = slice(first * self.d_model, last * self.d_model)
         bias = None if self.in_proj.bias is None else self.in_proj.bias[rows]
-        return F.linear(x, self.in_proj.weight[rows], bias)  # (B, L, D)
+        return F.linear(x, self.in_proj.weight[rows], bias)  # (..., (last - first) * D)
 
 
 def eager_attention(

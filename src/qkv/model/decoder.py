@@ -8,6 +8,7 @@ from qkv.model.config import ModelConfig
 from qkv.model.embedding import Embeddings
 from qkv.model.kv_cache import DecoderCache
 from qkv.model.layers import DecoderLayer
+from qkv.model.packing import Packing
 
 
 class Decoder(nn.Module):
@@ -29,6 +30,7 @@ class Decoder(nn.Module):
             for _ in range(config.n_decoder_layers)
         )
         self.final_norm = nn.LayerNorm(config.d_model) if config.norm_first else nn.Identity()
+        self.pad_id = config.pad_id
 
     def forward(
         self,
@@ -46,8 +48,11 @@ class Decoder(nn.Module):
 
         Returns:
             states (B, T, D), self-attention maps (B, H, T, T) and cross maps (B, H, T, S)
-            per layer (empty unless `need_weights`).
+            per layer (empty unless `need_weights`). Without weights, every layer runs on the
+            real tokens only (target and source) and the states are zero at padding.
         """
+        if not need_weights:
+            return self._forward_packed(ids, memory, self_mask, cross_mask), [], []
         x = self.embeddings(ids)  # (B, T, D)
         self_maps: list[Tensor] = []
         cross_maps: list[Tensor] = []
@@ -57,6 +62,20 @@ class Decoder(nn.Module):
                 self_maps.append(self_weights)
                 cross_maps.append(cross_weights)
         return self.final_norm(x), self_maps, cross_maps
+
+    def _forward_packed(
+        self, ids: Tensor, memory: Tensor, self_mask: Tensor, cross_mask: Tensor
+    ) -> Tensor:
+        """`forward` on the real tokens only -> states (B, T, D)."""
+        batch, source_length = memory.shape[:2]
+        rows = Packing.from_mask(ids != self.pad_id)
+        source_real = cross_mask.expand(batch, 1, 1, source_length)[:, 0, 0]  # (B, S)
+        memory_rows = Packing.from_mask(source_real)
+        memory = memory_rows.pack(memory)  # (M', D)
+        x = self.embeddings.forward_packed(ids, rows)  # (M, D)
+        for layer in self.layers:
+            x, _, _ = layer(x, memory, self_mask, cross_mask, rows=rows, memory_rows=memory_rows)
+        return rows.unpack(self.final_norm(x))  # (B, T, D)
 
     def cross_keys_values(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
         """Each layer's cross-attention keys and values (B, H, S, K), computed once per source."""

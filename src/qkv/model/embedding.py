@@ -7,6 +7,9 @@ import math
 import torch
 from torch import Tensor, nn
 
+from qkv.model.dropout import Dropout
+from qkv.model.packing import Packing
+
 
 class TokenEmbedding(nn.Module):
     """Lookup table whose vectors are multiplied by sqrt(D), as in the paper (section 3.4)."""
@@ -71,18 +74,26 @@ class Embeddings(nn.Module):
         super().__init__()
         self.token = token
         self.positions = positions
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.max_len = max_len
 
     def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
         """ids (B, L), first position `offset` -> (B, L, D)."""
         length = ids.size(1)
-        if offset + length > self.max_len:
-            raise ValueError(
-                f"sequence of {offset + length} positions exceeds the model's max_len "
-                f"({self.max_len})"
-            )
+        self._check_length(offset + length)
         return self.dropout(self.token(ids) + self.positions(length, offset))
+
+    def forward_packed(self, ids: Tensor, rows: Packing) -> Tensor:
+        """The embedded real tokens only: ids (B, L) -> (M, D), placed by `rows`."""
+        self._check_length(ids.size(1))
+        tokens = self.token(rows.pack(ids))  # (M, D)
+        return self.dropout(tokens + self.positions(ids.size(1))[rows.positions])  # (M, D)
+
+    def _check_length(self, length: int) -> None:
+        if length > self.max_len:
+            raise ValueError(
+                f"sequence of {length} positions exceeds the model's max_len ({self.max_len})"
+            )
 
 
 def make_embeddings(

@@ -7,6 +7,7 @@ from torch import Tensor, nn
 from qkv.model.config import ModelConfig
 from qkv.model.embedding import Embeddings
 from qkv.model.layers import EncoderLayer
+from qkv.model.packing import Packing
 
 
 class Encoder(nn.Module):
@@ -28,11 +29,22 @@ class Encoder(nn.Module):
             for _ in range(config.n_encoder_layers)
         )
         self.final_norm = nn.LayerNorm(config.d_model) if config.norm_first else nn.Identity()
+        self.pad_id = config.pad_id
 
     def forward(
         self, ids: Tensor, mask: Tensor, need_weights: bool = False
     ) -> tuple[Tensor, list[Tensor]]:
-        """ids (B, S), mask (B, 1, 1, S) -> memory (B, S, D) and per-layer (B, H, S, S) weights."""
+        """ids (B, S), mask (B, 1, 1, S) -> memory (B, S, D) and per-layer (B, H, S, S) weights.
+
+        Without weights, every layer runs on the real tokens only and the memory is zero at
+        padding; with them, on the padded batch.
+        """
+        if not need_weights:
+            rows = Packing.from_mask(ids != self.pad_id)
+            x = self.embeddings.forward_packed(ids, rows)  # (M, D)
+            for layer in self.layers:
+                x, _ = layer(x, mask, rows=rows)
+            return rows.unpack(self.final_norm(x)), []  # (B, S, D)
         x = self.embeddings(ids)  # (B, S, D)
         maps: list[Tensor] = []
         for layer in self.layers:

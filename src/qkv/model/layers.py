@@ -2,6 +2,9 @@
 
 Post-norm, as in the paper: x = norm(x + dropout(sublayer(x))).
 Pre-norm, an option that trains more stably when deep: x = x + dropout(sublayer(norm(x))).
+
+Everything but attention works position by position, so a layer takes either a padded batch
+x (B, L, D) or only its real tokens x (M, D) with the `Packing` that places them (`packing.py`).
 """
 
 from __future__ import annotations
@@ -9,7 +12,9 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from qkv.model.attention import MultiHeadAttention
+from qkv.model.dropout import Dropout
 from qkv.model.kv_cache import KVCache
+from qkv.model.packing import Packing
 
 
 class FeedForward(nn.Module):
@@ -19,12 +24,12 @@ class FeedForward(nn.Module):
         super().__init__()
         self.linear1 = nn.Linear(d_model, d_ff)
         self.activation = nn.GELU() if activation == "gelu" else nn.ReLU()
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.linear2 = nn.Linear(d_ff, d_model)
 
     def forward(self, x: Tensor) -> Tensor:
-        """x (B, L, D) -> (B, L, D)."""
-        return self.linear2(self.dropout(self.activation(self.linear1(x))))  # (B, L, D)
+        """x (..., D) -> (..., D), position by position."""
+        return self.linear2(self.dropout(self.activation(self.linear1(x))))  # (..., D)
 
 
 class EncoderLayer(nn.Module):
@@ -45,23 +50,37 @@ class EncoderLayer(nn.Module):
         self.ffn = FeedForward(d_model, d_ff, dropout, activation)
         self.self_attn_norm = nn.LayerNorm(d_model)
         self.ffn_norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.norm_first = norm_first
 
     def forward(
-        self, x: Tensor, mask: Tensor | None, need_weights: bool = False
+        self,
+        x: Tensor,
+        mask: Tensor | None,
+        need_weights: bool = False,
+        rows: Packing | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """x (B, S, D), mask (B, 1, 1, S) -> (B, S, D) and weights (B, H, S, S) or None."""
+        """x (B, S, D), mask (B, 1, 1, S) -> (B, S, D) and weights (B, H, S, S) or None.
+
+        With `rows`, x holds the real tokens only, (M, D), and so does the output; no weights.
+        """
         if self.norm_first:
             h = self.self_attn_norm(x)
-            attended, weights = self.self_attn(h, h, h, mask, need_weights)
+            attended, weights = self._self_attend(h, mask, need_weights, rows)
             x = x + self.dropout(attended)
             x = x + self.dropout(self.ffn(self.ffn_norm(x)))
         else:
-            attended, weights = self.self_attn(x, x, x, mask, need_weights)
+            attended, weights = self._self_attend(x, mask, need_weights, rows)
             x = self.self_attn_norm(x + self.dropout(attended))
             x = self.ffn_norm(x + self.dropout(self.ffn(x)))
         return x, weights
+
+    def _self_attend(
+        self, x: Tensor, mask: Tensor | None, need_weights: bool, rows: Packing | None
+    ) -> tuple[Tensor, Tensor | None]:
+        if rows is None:
+            return self.self_attn(x, x, x, mask, need_weights)
+        return self.self_attn.forward_packed(x, x, mask, rows, rows), None
 
 
 class DecoderLayer(nn.Module):
@@ -84,7 +103,7 @@ class DecoderLayer(nn.Module):
         self.self_attn_norm = nn.LayerNorm(d_model)
         self.cross_attn_norm = nn.LayerNorm(d_model)
         self.ffn_norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.norm_first = norm_first
 
     def forward(
@@ -95,37 +114,55 @@ class DecoderLayer(nn.Module):
         cross_mask: Tensor | None,
         need_weights: bool = False,
         cache: KVCache | None = None,
+        rows: Packing | None = None,
+        memory_rows: Packing | None = None,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """One decoder layer.
 
         Args:
-            x: target states (B, T, D).
-            memory: encoder output (B, S, D), or its cross-attention keys and values
-                (B, H, S, K) each, computed once per source during incremental decoding.
+            x: target states (B, T, D), or the real target tokens only (M, D) placed by `rows`.
+            memory: encoder output (B, S, D) or its real tokens (M', D) placed by
+                `memory_rows`, or its cross-attention keys and values (B, H, S, K) each,
+                computed once per source during incremental decoding.
             self_mask: (B, 1, T, T) causal & padding mask, or None when decoding with a cache.
             cross_mask: (B, 1, 1, S) source padding mask.
             cache: this layer's self-attention KV cache (incremental decoding).
+            rows, memory_rows: given together, for packed x and memory.
 
         Returns:
-            (B, T, D), self-attention weights (B, H, T, T') and cross weights (B, H, T, S),
-            the weights None unless `need_weights`.
+            (B, T, D) (or (M, D) when packed), self-attention weights (B, H, T, T') and cross
+            weights (B, H, T, S), the weights None unless `need_weights`.
         """
         if self.norm_first:
             h = self.self_attn_norm(x)
-            attended, self_weights = self.self_attn(h, h, h, self_mask, need_weights, cache)
+            attended, self_weights = self._self_attend(h, self_mask, need_weights, cache, rows)
             x = x + self.dropout(attended)
             crossed, cross_weights = self._cross(
-                self.cross_attn_norm(x), memory, cross_mask, need_weights
+                self.cross_attn_norm(x), memory, cross_mask, need_weights, rows, memory_rows
             )
             x = x + self.dropout(crossed)
             x = x + self.dropout(self.ffn(self.ffn_norm(x)))
         else:
-            attended, self_weights = self.self_attn(x, x, x, self_mask, need_weights, cache)
+            attended, self_weights = self._self_attend(x, self_mask, need_weights, cache, rows)
             x = self.self_attn_norm(x + self.dropout(attended))
-            crossed, cross_weights = self._cross(x, memory, cross_mask, need_weights)
+            crossed, cross_weights = self._cross(
+                x, memory, cross_mask, need_weights, rows, memory_rows
+            )
             x = self.cross_attn_norm(x + self.dropout(crossed))
             x = self.ffn_norm(x + self.dropout(self.ffn(x)))
         return x, self_weights, cross_weights
+
+    def _self_attend(
+        self,
+        x: Tensor,
+        mask: Tensor | None,
+        need_weights: bool,
+        cache: KVCache | None,
+        rows: Packing | None,
+    ) -> tuple[Tensor, Tensor | None]:
+        if rows is None:
+            return self.self_attn(x, x, x, mask, need_weights, cache)
+        return self.self_attn.forward_packed(x, x, mask, rows, rows), None
 
     def _cross(
         self,
@@ -133,8 +170,12 @@ class DecoderLayer(nn.Module):
         memory: Tensor | tuple[Tensor, Tensor],
         mask: Tensor | None,
         need_weights: bool,
+        rows: Packing | None,
+        memory_rows: Packing | None,
     ) -> tuple[Tensor, Tensor | None]:
         if isinstance(memory, Tensor):
+            if rows is not None and memory_rows is not None:
+                return self.cross_attn.forward_packed(x, memory, mask, rows, memory_rows), None
             return self.cross_attn(x, memory, memory, mask, need_weights)
         keys, values = memory  # (B, H, S, K) each, precomputed
         return self.cross_attn.attend(

@@ -23,6 +23,7 @@ from qkv.training.config import TrainConfig
 
 DATA_DIR, RUN_DIR = "data", "run"
 ATTENTION_FILE, CURVES_FILE = "attention.png", "curves.png"
+DEMO_VOCAB = 400  # joint BPE: month and weekday names whole, numbers in pieces
 
 
 @dataclass
@@ -48,24 +49,28 @@ class DemoResult:
 
 
 def demo_model() -> ModelConfig:
-    """A small encoder-decoder: D 128, 4 heads, F 256, 2+2 layers (vocab_size is set later)."""
+    """A small encoder-decoder: D 64, 4 heads, F 128, 2+2 layers (vocab_size is set later).
+
+    Per second of CPU time this reaches a higher accuracy than D 128, whose steps cost about
+    three times as much.
+    """
     return ModelConfig(
-        vocab_size=400,
-        d_model=128,
+        vocab_size=DEMO_VOCAB,
+        d_model=64,
         n_heads=4,
-        d_ff=256,
+        d_ff=128,
         n_encoder_layers=2,
         n_decoder_layers=2,
-        dropout=0.0,
+        dropout=0.0,  # a minute is too short to memorise 20,000 pairs; dropout would only slow it
         max_len=64,
     )
 
 
 def demo_training(minutes: float, seed: int, eval_every: int = 100) -> TrainConfig:
-    """Fast convergence over a short budget: a high peak rate after a short warm-up."""
+    """A high peak rate after a short warm-up: about 250 steps reach over 95 % exact match."""
     return TrainConfig(
-        lr=3e-3,
-        warmup=150,
+        lr=5e-3,
+        warmup=100,
         label_smoothing=0.0,
         max_tokens=2048,
         max_epochs=1000,
@@ -73,6 +78,9 @@ def demo_training(minutes: float, seed: int, eval_every: int = 100) -> TrainConf
         eval_every=eval_every,
         keep_checkpoints=1,
         seed=seed,
+        # One thread: on a machine busy with other work, two threads made each step of a model
+        # this small ten times slower or worse.
+        threads=1,
         log_every=10,
     )
 
@@ -112,7 +120,7 @@ def run_demo(
     minutes: float = 1.0,
     seed: int = 1,
     n_train: int = 20_000,
-    n_valid: int = 300,
+    n_valid: int = 200,
     n_test: int = 200,
     n_examples: int = 8,
     eval_every: int = 100,
@@ -139,7 +147,6 @@ def run_demo(
         ConfigError: if a size or the budget is not positive, or `out_dir/run` exists and is
             not a qkv run.
     """
-    from qkv.inference.translator import Translator
     from qkv.tasks.translation import train_translation
     from qkv.viz.curves import plot_curves
 
@@ -153,24 +160,29 @@ def run_demo(
 
     echo(f"generating {n_train} training dates into {data_dir}")
     test = make_demo_data(data_dir, seed, n_train, n_valid, n_test)
-    data = TranslationData(data_dir=str(data_dir), src="src", tgt="tgt", vocab_size=400, max_len=64)
+    data = TranslationData(
+        data_dir=str(data_dir), src="src", tgt="tgt", vocab_size=DEMO_VOCAB, max_len=64
+    )
     echo(f"training a small Transformer for {minutes:g} min into {run_dir}")
     train_translation(data, demo_model(), demo_training(minutes, seed, eval_every), run_dir)
 
-    translator = Translator.load(run_dir)
-    sources = [source for source, _ in test]
-    outputs = translator.translate(sources, beam_size=1)
-    scored = [
-        DemoExample(source, reference, output.strip())
-        for (source, reference), output in zip(test, outputs, strict=True)
-    ]
+    scored = translate_held_out(run_dir, test)
     accuracy = sum(example.correct for example in scored) / len(scored)
-
-    shown = scored[:n_examples]
-    attention = draw_demo_attention(run_dir, shown[0].source, out_dir / ATTENTION_FILE)
+    attention = draw_demo_attention(run_dir, scored[0].source, out_dir / ATTENTION_FILE)
     curves = plot_curves(run_dir / "metrics.jsonl", out_dir / CURVES_FILE)
     paths = {"data": data_dir, "run": run_dir, "attention": attention, "curves": curves}
-    return DemoResult(accuracy, shown, paths)
+    return DemoResult(accuracy, scored[:n_examples], paths)
+
+
+def translate_held_out(run_dir: Path, pairs: list[tuple[str, str]]) -> list[DemoExample]:
+    """Greedy translations of the held-out sources, beside their references."""
+    from qkv.inference.translator import Translator
+
+    outputs = Translator.load(run_dir).translate([source for source, _ in pairs], beam_size=1)
+    return [
+        DemoExample(source, reference, output.strip())
+        for (source, reference), output in zip(pairs, outputs, strict=True)
+    ]
 
 
 def draw_demo_attention(run_dir: Path, source: str, out: Path) -> Path:

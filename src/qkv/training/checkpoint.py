@@ -25,6 +25,10 @@ from qkv.errors import CheckpointError
 
 FORMAT_VERSION = 1
 STATE_FILE = "state.json"
+CHECKED_FILES = (
+    "model.safetensors",
+    "optimizer.safetensors",
+)  # listed with checksums in STATE_FILE
 
 
 def sha256(path: Path) -> str:
@@ -156,7 +160,7 @@ def save_checkpoint(
         {**opt_tensors, **{f"rng.{k}": v for k, v in rng.items()}},
         str(tmp / "optimizer.safetensors"),
     )
-    files = {name: sha256(tmp / name) for name in ("model.safetensors", "optimizer.safetensors")}
+    files = {name: sha256(tmp / name) for name in CHECKED_FILES}
     for name in files:
         fsync_file(tmp / name)
     record = {"format_version": FORMAT_VERSION, "files": files, "optimizer": opt_plain, **state}
@@ -179,18 +183,25 @@ def verify_checkpoint(directory: Path) -> dict[str, Any]:
         raise CheckpointError(f"{directory}: incomplete checkpoint (no {STATE_FILE})")
     try:
         record = json.loads(state_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (OSError, ValueError, RecursionError) as error:
         raise CheckpointError(f"{state_path}: corrupt ({error})") from None
     if not isinstance(record, dict) or record.get("format_version") != FORMAT_VERSION:
         found = record.get("format_version") if isinstance(record, dict) else None
         raise CheckpointError(
             f"{state_path}: checkpoint format {found!r}, this qkv reads {FORMAT_VERSION}"
         )
-    for name, digest in record.get("files", {}).items():
+    files = record.get("files")
+    if not isinstance(files, dict) or set(files) != set(CHECKED_FILES):
+        raise CheckpointError(f"{state_path}: corrupt (no checksums of {', '.join(CHECKED_FILES)})")
+    for name, digest in files.items():
         path = directory / name
         if not path.is_file():
             raise CheckpointError(f"{path}: missing from the checkpoint")
-        if sha256(path) != digest:
+        try:
+            actual = sha256(path)
+        except OSError as error:
+            raise CheckpointError(f"{path}: unreadable ({error.strerror})") from None
+        if actual != digest:
             raise CheckpointError(f"{path}: checksum mismatch (the file is torn or corrupt)")
     return record
 
@@ -207,7 +218,7 @@ def load_checkpoint(
         opt = {k: v for k, v in extra.items() if not k.startswith("rng.")}
         try:
             restore_optimizer(optimizer, opt, record["optimizer"])
-        except (KeyError, ValueError, RuntimeError) as error:
+        except (KeyError, ValueError, TypeError, AttributeError, RuntimeError) as error:
             raise CheckpointError(f"{directory}: optimizer state does not fit ({error})") from None
     return record, rng
 

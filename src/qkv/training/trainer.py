@@ -142,16 +142,21 @@ class Trainer:
         directory, problems = ckpt.latest_good_checkpoint(self.checkpoints)
         for problem in problems:
             print(f"warning: skipping bad checkpoint: {problem}")
+        if directory is None and not problems and not (self.run_dir / "model.safetensors").exists():
+            # Stopped before the first validation: nothing to lose, start again from step 0.
+            print(f"no checkpoint in {self.checkpoints} yet: training from the start")
+            self.log.truncate_after(0)
+            return
         if directory is None:
             raise CheckpointError(f"{self.checkpoints}: no complete checkpoint to resume from")
         record, rng = ckpt.load_checkpoint(directory, self.model, self.optimizer)
         try:
             self.progress = Progress(**record["progress"])
-        except (KeyError, TypeError) as error:
-            raise CheckpointError(f"{directory}: progress record unreadable ({error})") from None
-        torch.set_rng_state(rng["torch"])
-        if "cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state(rng["cuda"])
+            torch.set_rng_state(rng["torch"])
+            if "cuda" in rng and torch.cuda.is_available():
+                torch.cuda.set_rng_state(rng["cuda"])
+        except (KeyError, TypeError, RuntimeError) as error:
+            raise CheckpointError(f"{directory}: training state unreadable ({error})") from None
         self.log.truncate_after(self.progress.step)
         print(f"resuming from {directory} (step {self.progress.step}, epoch {self.progress.epoch})")
 
@@ -171,21 +176,24 @@ class Trainer:
                 batches = self.task.batches(p.epoch)
                 while p.batch_index < len(batches):
                     group = batches[p.batch_index : p.batch_index + c.accumulate]
-                    self.step(group, bar)
+                    stepped = self.step(group, bar)
                     p.batch_index += len(group)
+                    if stepped and self.should_stop():
+                        p.done = True
+                        break
+                    # A skipped step leaves p.step where it was: no second validation of it.
+                    validated = stepped and p.step % c.eval_every == 0
+                    if validated:
+                        self.validate()
+                        if p.done:
+                            break
                     if received:
-                        self.save()
+                        if not validated:
+                            self.save()
                         raise TrainingInterrupted(
                             f"{received[0]} received: checkpoint saved at step {p.step}; "
                             f"continue with: qkv train --resume {self.run_dir}"
                         )
-                    if self.should_stop():
-                        p.done = True
-                        break
-                    if p.step % c.eval_every == 0:
-                        self.validate()
-                        if p.done:
-                            break
                 if not p.done:
                     p.epoch, p.batch_index = p.epoch + 1, 0
             bar.close()
@@ -201,8 +209,8 @@ class Trainer:
             or (c.max_minutes and p.elapsed >= c.max_minutes * 60)
         )
 
-    def step(self, group: Sequence[Any], bar: tqdm) -> None:
-        """One optimiser step over `group` (gradient accumulation), skipping non-finite ones."""
+    def step(self, group: Sequence[Any], bar: tqdm) -> bool:
+        """One optimiser step over `group` (gradient accumulation); False if it was skipped."""
         c, p = self.config, self.progress
         start = time.perf_counter()
         self.model.train()
@@ -218,11 +226,9 @@ class Trainer:
             loss_sum += float(loss.detach())
             for key, value in extra.items():
                 stats[key] = stats.get(key, 0.0) + value
-        norm = (
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.clip_norm)
-            if c.clip_norm > 0
-            else torch.tensor(0.0)
-        )
+        # With clipping off, an infinite max_norm still measures the norm (and scales by 1).
+        max_norm = c.clip_norm if c.clip_norm > 0 else math.inf
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         if not (math.isfinite(loss_sum) and math.isfinite(float(norm))):
             self.optimizer.zero_grad(set_to_none=True)
             p.bad_steps += 1
@@ -234,7 +240,7 @@ class Trainer:
                     f"{p.bad_steps} non-finite steps in a row at step {p.step}: stopping. "
                     f"Last good checkpoint: {last or 'none'}; try a lower lr or more warmup"
                 )
-            return
+            return False
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         p.bad_steps = 0
@@ -261,6 +267,7 @@ class Trainer:
             }
             record.update({k: v / max(total, 1) for k, v in stats.items()})
             self.log.write(record)
+        return True
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.device.type == "cuda" and self.config.bf16:
