@@ -1,0 +1,156 @@
+"""`qkv demo`: a shortened demo end to end, its data, its printout and its errors."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from matplotlib import image as mpimg
+
+from qkv.cli import main
+from qkv.commands import demo as demo_command
+from qkv.errors import ConfigError
+from qkv.tasks.demo import DemoExample, DemoResult, make_demo_data, run_demo
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+_shortened: dict[str, DemoResult] = {}
+
+
+def shortened_demo(tmp_path_factory: pytest.TempPathFactory) -> DemoResult:
+    """A demo of a few seconds on a few thousand dates, run once per test session."""
+    if "result" not in _shortened:
+        threads = torch.get_num_threads()
+        try:
+            _shortened["result"] = run_demo(
+                tmp_path_factory.mktemp("demo"),
+                minutes=0.08,
+                seed=3,
+                n_train=2000,
+                n_valid=30,
+                n_test=40,
+                n_examples=5,
+                eval_every=25,
+                echo=lambda _line: None,
+            )
+        finally:
+            torch.set_num_threads(threads)  # training sets its own count for the process
+    return _shortened["result"]
+
+
+@pytest.fixture(scope="session")
+def demo_result(tmp_path_factory: pytest.TempPathFactory) -> DemoResult:
+    return shortened_demo(tmp_path_factory)
+
+
+def readable_png(path: Path) -> np.ndarray:
+    assert path.read_bytes()[:8] == PNG_MAGIC
+    pixels = mpimg.imread(path)
+    assert pixels.std() > 0.05  # drawn on, not a blank canvas
+    return pixels
+
+
+def test_shortened_demo_writes_data_run_and_pictures(demo_result: DemoResult) -> None:
+    paths = demo_result.paths
+    assert isinstance(demo_result.accuracy, float)
+    assert 0.0 <= demo_result.accuracy <= 1.0
+    assert len(demo_result.examples) == 5
+    for example in demo_result.examples:
+        assert ISO_DATE.fullmatch(example.reference)
+        assert example.correct == (example.output == example.reference)
+    for split, count in (("train", 2000), ("val", 30), ("test", 40)):
+        for side in ("src", "tgt"):
+            lines = (paths["data"] / f"{split}.{side}").read_text(encoding="utf-8").splitlines()
+            assert len(lines) == count
+    run = paths["run"]
+    for name in ("config.json", "tokenizer.json", "model.safetensors", "metrics.jsonl"):
+        assert (run / name).is_file()
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert any(r["split"] == "valid" for r in records)
+    assert paths["attention"] == run.parent / "attention.png"
+    assert paths["curves"] == run.parent / "curves.png"
+    height, width = readable_png(paths["attention"]).shape[:2]
+    assert height > 600 and width > 600  # a grid of panels: cross of 2 layers, then self
+    readable_png(paths["curves"])
+
+
+def test_held_out_dates_are_not_in_the_training_set(tmp_path: Path) -> None:
+    test = make_demo_data(tmp_path, seed=5, n_train=300, n_valid=20, n_test=20)
+    train_sources = set((tmp_path / "train.src").read_text(encoding="utf-8").splitlines())
+    valid_sources = (tmp_path / "val.src").read_text(encoding="utf-8").splitlines()
+    assert len(test) == 20
+    assert not train_sources & {source for source, _ in test}
+    assert not train_sources & set(valid_sources)
+    targets = (tmp_path / "test.tgt").read_text(encoding="utf-8").splitlines()
+    assert targets == [target for _, target in test]
+
+
+def test_a_directory_that_is_not_a_run_is_never_removed(tmp_path: Path) -> None:
+    keep = tmp_path / "run" / "notes.txt"
+    keep.parent.mkdir()
+    keep.write_text("mine", encoding="utf-8")
+    with pytest.raises(ConfigError, match="not a qkv run"):
+        run_demo(tmp_path, minutes=0.01, echo=lambda _line: None)
+    assert keep.read_text(encoding="utf-8") == "mine"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [({"minutes": 0.0}, "positive time budget"), ({"n_test": 0}, "at least one")],
+)
+def test_bad_sizes_are_config_errors(
+    tmp_path: Path, options: dict[str, float], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        run_demo(tmp_path, echo=lambda _line: None, **options)
+    assert not (tmp_path / "data").exists()
+
+
+def test_cli_prints_examples_accuracy_and_paths(
+    demo_result: DemoResult, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seen: dict[str, object] = {}
+
+    def fake_run_demo(out: str, minutes: float, seed: int) -> DemoResult:
+        seen.update(out=out, minutes=minutes, seed=seed)
+        return demo_result
+
+    monkeypatch.setattr(demo_command, "run_demo", fake_run_demo)
+    assert main(["demo", "--out", "somewhere", "--minutes", "0.5", "--seed", "7"]) == 0
+    assert seen == {"out": "somewhere", "minutes": 0.5, "seed": 7}
+    printed = capsys.readouterr().out
+    for example in demo_result.examples:
+        assert example.source in printed
+    assert f"{demo_result.accuracy:.1%}" in printed
+    assert str(demo_result.paths["attention"]) in printed
+    assert str(demo_result.paths["curves"]) in printed
+
+
+def test_printout_marks_right_and_wrong(capsys: pytest.CaptureFixture[str]) -> None:
+    result = DemoResult(
+        accuracy=0.5,
+        examples=[
+            DemoExample("3 March 2021", "2021-03-03", "2021-03-03"),
+            DemoExample("Mar 4 2021", "2021-03-04", "2021-04-03"),
+        ],
+        paths={name: Path(name) for name in ("data", "run", "attention", "curves")},
+    )
+    demo_command.print_result(result, seconds=61.0)
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.strip().endswith("2021-03-03  ✓") for line in lines)
+    assert any("2021-04-03  ✗ (expected 2021-03-04)" in line for line in lines)
+    assert "exact-match accuracy on held-out dates: 50.0%" in lines
+
+
+def test_cli_reports_a_bad_budget_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["demo", "--out", str(tmp_path), "--minutes", "0"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1
+    assert "positive time budget" in error
