@@ -36,8 +36,11 @@ def load_id_lists(path: Path) -> dict[str, list[list[int]]] | None:
         if not key.endswith(".ids"):
             continue
         name = key.removesuffix(".ids")
+        lengths = tensors.get(f"{name}.lengths")
+        if lengths is None or int(lengths.sum()) != tensors[key].numel():
+            return None
         flat = tensors[key].tolist()
-        ends = np.cumsum(tensors[f"{name}.lengths"].numpy()).tolist()
+        ends = np.cumsum(lengths.numpy()).tolist()
         starts = [0, *ends[:-1]]
         out[name] = [flat[a:b] for a, b in zip(starts, ends, strict=True)]
     return out

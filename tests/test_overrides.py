@@ -1,0 +1,43 @@
+import pytest
+
+from qkv import overrides
+from qkv.errors import ConfigError
+from qkv.model.config import ModelConfig
+from qkv.training.config import TrainConfig
+
+
+def test_values_are_converted_to_field_types() -> None:
+    values = overrides.parse_pairs(
+        [
+            "d_model=64",
+            "n_heads=4",
+            "norm_first=true",
+            "activation=gelu",
+            "tgt_vocab_size=none",
+            "lr=5e-4",
+        ]
+    )
+    model, rest = overrides.apply(ModelConfig(), values)
+    assert (model.d_model, model.norm_first, model.activation) == (64, True, "gelu")
+    assert model.tgt_vocab_size is None
+    train, rest = overrides.apply(TrainConfig(), rest)
+    assert train.lr == 5e-4 and rest == {}
+
+
+@pytest.mark.parametrize(
+    "pair,message",
+    [
+        ("d_model=big", "cannot read 'big' as int"),
+        ("activation=tanh", "not one of"),
+        ("norm_first=maybe", "cannot read"),
+        ("d_model=30", "divisible"),
+    ],
+)
+def test_bad_values_are_explained(pair: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        overrides.apply(ModelConfig(), overrides.parse_pairs([pair]))
+
+
+def test_malformed_pairs() -> None:
+    with pytest.raises(ConfigError, match="expected key=value"):
+        overrides.parse_pairs(["lr"])
