@@ -20,7 +20,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         help="train a model into a run directory",
         epilog="Any data, model or training field can be set as key=value, e.g. d_model=256.",
     )
-    train.add_argument("task", nargs="?", choices=["translation", "classification"])
+    train.add_argument("task", nargs="?", help="translation or classification")
     train.set_defaults(accepts_overrides=True)
     train.add_argument("--resume", metavar="RUN", help="continue the run in RUN exactly")
     train.add_argument("--out", metavar="RUN", help="run directory to create")

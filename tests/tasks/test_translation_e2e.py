@@ -103,3 +103,14 @@ def test_translate_and_evaluate_commands(
     assert 0.0 <= scores["bleu"] <= 100.0
     assert scores["bleu_signature"].startswith("nrefs:1")
     assert scores["sentences"] == 10
+
+
+def test_resume_can_extend_training_settings(
+    tiny_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["train", "--resume", str(tiny_run), "d_model=8"]) == 2
+    assert "only training settings can change" in capsys.readouterr().err
+    assert main(["train", "--resume", str(tiny_run), "max_steps=45", "eval_every=5"]) == 0
+    config = json.loads((tiny_run / "config.json").read_text())
+    assert config["train"]["max_steps"] == 45
+    assert (tiny_run / "checkpoints" / "step-0000045").is_dir()

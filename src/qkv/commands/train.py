@@ -10,9 +10,11 @@ from qkv.errors import ConfigError
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.task is not None and "=" in args.task:  # a key=value, not a task
+        args.overrides, args.task = [args.task, *args.overrides], None
     if args.resume:
-        return _resume(Path(args.resume))
-    if args.task is None or args.out is None:
+        return _resume(Path(args.resume), overrides.parse_pairs(args.overrides))
+    if args.task not in ("translation", "classification") or args.out is None:
         raise ConfigError("train needs a task (translation or classification) and --out RUN")
     out = Path(args.out)
     if (out / "config.json").exists():
@@ -25,10 +27,19 @@ def run(args: argparse.Namespace) -> int:
     return train_classification(args, out, values)
 
 
-def _resume(run_dir: Path) -> int:
+def _resume(run_dir: Path, values: dict[str, str]) -> int:
+    """Continue a run; training settings (threads, max_minutes, max_epochs, ...) may change."""
     from qkv.run import RunConfig
 
-    task = RunConfig.load(run_dir).task
+    run = RunConfig.load(run_dir)
+    if values:
+        run.train, rest = overrides.apply(run.train, values)
+        if rest:
+            raise ConfigError(
+                f"only training settings can change when resuming, not: {', '.join(sorted(rest))}"
+            )
+        run.save(run_dir)
+    task = run.task
     if task == "translation":
         from qkv.tasks.translation import train_translation
 
