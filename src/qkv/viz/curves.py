@@ -20,7 +20,17 @@ from qkv.errors import DataError
 from qkv.viz.attention import DPI, save_png
 
 # Fields that are bookkeeping, not metrics worth a panel of their own.
-_NOT_METRICS = {"split", "step", "epoch", "loss", "lr", "tokens_per_s"}
+_NOT_METRICS = {
+    "split",
+    "step",
+    "epoch",
+    "loss",
+    "lr",
+    "tokens_per_s",
+    "targets_per_s",
+    "elapsed_s",
+    "averaged",
+}
 _DISPLAY_NAMES = {"loss": "Loss", "bleu": "BLEU", "chrf": "chrF", "accuracy": "Accuracy"}
 
 
