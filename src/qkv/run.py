@@ -17,7 +17,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from qkv import __version__
 from qkv.data.tokenizer import Tokenizer
@@ -27,6 +27,8 @@ from qkv.training.checkpoint import atomic_write_text
 from qkv.training.config import TrainConfig
 
 RUN_FORMAT = 1
+T = TypeVar("T")
+TASKS = ("translation", "classification")
 CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE = "config.json", "tokenizer.json", "model.safetensors"
 
 
@@ -71,9 +73,13 @@ class RunConfig:
                 f"{path}: run format {raw.get('format_version')!r} is not supported by qkv "
                 f"{__version__} (reads format {RUN_FORMAT})"
             )
+        if raw.get("task") not in TASKS:
+            raise CheckpointError(
+                f"{path}: unknown task {raw.get('task')!r} (expected {' or '.join(TASKS)})"
+            )
         try:
             return cls(
-                task=str(raw["task"]),
+                task=raw["task"],
                 model=ModelConfig.from_dict(_typed(raw["model"], ModelConfig, "model")),
                 train=TrainConfig.from_dict(_typed(raw["train"], TrainConfig, "train")),
                 data=_typed(raw.get("data", {}), dict, "data"),
@@ -115,3 +121,13 @@ def _fits(value: Any, annotation: Any) -> bool:
 
 def load_tokenizer(run_dir: Path) -> Tokenizer:
     return Tokenizer.load(run_dir / TOKENIZER_FILE)
+
+
+def data_settings(kind: type[T], values: dict[str, Any], run_dir: Path) -> T:
+    """A task's data settings from config.json, with a clear error when they do not fit."""
+    try:
+        return kind(**values)
+    except TypeError as error:
+        raise CheckpointError(
+            f"{run_dir / CONFIG_FILE}: data section does not fit ({error})"
+        ) from None

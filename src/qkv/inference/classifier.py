@@ -10,7 +10,7 @@ from qkv.data.batching import collate_texts, token_budget_batches
 from qkv.data.tokenizer import Tokenizer
 from qkv.errors import CheckpointError
 from qkv.model.classifier import TextClassifier
-from qkv.run import WEIGHTS_FILE, RunConfig, load_tokenizer
+from qkv.run import WEIGHTS_FILE, RunConfig, data_settings, load_tokenizer
 from qkv.tasks.classification import ClassificationData, encode_texts
 from qkv.training.checkpoint import load_weights
 from qkv.training.speed import pick_device
@@ -40,10 +40,7 @@ class Classifier:
         config = RunConfig.load(run_dir)
         if config.task != "classification":
             raise CheckpointError(f"{run_dir}: a {config.task} run, not a classification run")
-        try:
-            data = ClassificationData(**config.data)
-        except TypeError as error:
-            raise CheckpointError(f"{run_dir}/config.json: bad data section ({error})") from None
+        data = data_settings(ClassificationData, config.data, run_dir)
         tokenizer = load_tokenizer(run_dir)
         model = TextClassifier(config.model)
         load_weights(model, run_dir / WEIGHTS_FILE)

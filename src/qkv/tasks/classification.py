@@ -18,7 +18,7 @@ from qkv.data.tokenizer import Tokenizer
 from qkv.errors import DataError
 from qkv.model.classifier import TextClassifier
 from qkv.model.config import ModelConfig
-from qkv.run import TOKENIZER_FILE, RunConfig, load_tokenizer
+from qkv.run import TOKENIZER_FILE, RunConfig, data_settings, load_tokenizer
 from qkv.training.config import TrainConfig
 from qkv.training.speed import pick_device, set_threads, tune_allocator
 from qkv.training.trainer import Progress, Trainer
@@ -129,13 +129,13 @@ class ClassificationTask:
 
 
 def _split(
-    texts: list[str], labels: list[str], fraction: float, seed: int
+    path: str, texts: list[str], labels: list[str], fraction: float, seed: int
 ) -> tuple[list[str], list[str], list[str], list[str]]:
     order = list(range(len(texts)))
     random.Random(seed).shuffle(order)
     n_valid = max(1, round(len(texts) * fraction))
     if n_valid >= len(texts):
-        raise DataError("<train>", f"too few examples ({len(texts)}) to hold out {fraction:.0%}")
+        raise DataError(path, f"too few examples ({len(texts)}) to hold out {fraction:.0%}")
     valid, train = order[:n_valid], order[n_valid:]
     return (
         [texts[i] for i in train],
@@ -157,7 +157,9 @@ def prepare(
             Path(data.valid_file), text_field=data.text_field, label_field=data.label_field
         )
     else:
-        texts, labels, valid_texts, valid_labels = _split(texts, labels, data.valid_fraction, seed)
+        texts, labels, valid_texts, valid_labels = _split(
+            data.train_file, texts, labels, data.valid_fraction, seed
+        )
     names = data.labels or sorted_labels(labels)
     if len(names) < 2:
         raise DataError(data.train_file, f"needs at least 2 labels, found {names}")
@@ -198,7 +200,11 @@ def train_classification(
     tokenizer: Tokenizer | None = None
     if resume:
         run = RunConfig.load(run_dir)
-        data, model_config, train_config = ClassificationData(**run.data), run.model, run.train
+        data, model_config, train_config = (
+            data_settings(ClassificationData, run.data, run_dir),
+            run.model,
+            run.train,
+        )
         tokenizer = load_tokenizer(run_dir)
     else:
         assert data is not None and model_config is not None and train_config is not None

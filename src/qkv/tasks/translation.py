@@ -18,7 +18,7 @@ from qkv.evaluation.bleu import score_translations
 from qkv.inference.translate import DecodeOptions, translate_ids
 from qkv.model.config import ModelConfig
 from qkv.model.seq2seq import Seq2SeqTransformer
-from qkv.run import TOKENIZER_FILE, RunConfig, load_tokenizer
+from qkv.run import TOKENIZER_FILE, RunConfig, data_settings, load_tokenizer
 from qkv.training.config import TrainConfig
 from qkv.training.losses import nonpad_logits, smoothed_cross_entropy
 from qkv.training.speed import pick_device, set_threads, tune_allocator
@@ -154,7 +154,7 @@ def train_translation(
     """Train a translation model into `run_dir`, or continue one (`resume`)."""
     if resume:
         run = RunConfig.load(run_dir)
-        data = TranslationData(**run.data)
+        data = data_settings(TranslationData, run.data, run_dir)
         model_config, train_config = run.model, run.train
         tokenizer: Tokenizer | None = load_tokenizer(run_dir)
     else:

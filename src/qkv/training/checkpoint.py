@@ -25,10 +25,8 @@ from qkv.errors import CheckpointError
 
 FORMAT_VERSION = 1
 STATE_FILE = "state.json"
-CHECKED_FILES = (
-    "model.safetensors",
-    "optimizer.safetensors",
-)  # listed with checksums in STATE_FILE
+# The files whose SHA-256 STATE_FILE records.
+CHECKED_FILES = ("model.safetensors", "optimizer.safetensors")
 
 
 def sha256(path: Path) -> str:

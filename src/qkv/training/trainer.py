@@ -157,6 +157,9 @@ class Trainer:
                 torch.cuda.set_rng_state(rng["cuda"])
         except (KeyError, TypeError, RuntimeError) as error:
             raise CheckpointError(f"{directory}: training state unreadable ({error})") from None
+        # A run that stopped on its budget goes on when resumed with a larger one.
+        c, p = self.config, self.progress
+        p.done = self.should_stop() or bool(c.patience and p.evals_since_best >= c.patience)
         self.log.truncate_after(self.progress.step)
         print(f"resuming from {directory} (step {self.progress.step}, epoch {self.progress.epoch})")
 

@@ -1,0 +1,515 @@
+"""Every command over the bad-input corpus: exit code 2 and one line on stderr that names the file.
+
+The corpus lives in tests/corpus/ (written by tests/corpus/make_corpus.py). Damaged run
+directories are made here from a freshly trained tiny run, since they need real weights.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from qkv.cli import main
+from qkv.training import checkpoint as ckpt
+
+CORPUS = Path(__file__).resolve().parents[1] / "corpus"
+TRANSLATION, TEXT, LABELLED = CORPUS / "translation", CORPUS / "text", CORPUS / "labelled"
+QKV = Path(sys.executable).with_name("qkv")
+
+needs_classification = pytest.mark.skipif(
+    importlib.util.find_spec("qkv.commands.classify") is None
+    or importlib.util.find_spec("qkv.tasks.classification") is None,
+    reason="classification commands not available",
+)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    """Tiny models run fastest on one thread, above all on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def cli(*argv: str | Path) -> int:
+    return main([str(a) for a in argv])
+
+
+def qkv(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, str]:
+    """Run the command line in this process; its exit code and stderr."""
+    capsys.readouterr()
+    code = cli(*argv)
+    return code, capsys.readouterr().err
+
+
+def assert_one_line(err: str, path: str | Path, line: int | None = None) -> None:
+    """stderr is exactly one line, `qkv: PATH[:LINE]: ...`."""
+    assert err.endswith("\n") and err.count("\n") == 1, repr(err)
+    assert err.startswith("qkv: "), repr(err)
+    where = f"{path}:{line}: " if line is not None else f"{path}"
+    assert where in err, f"{where!r} not in {err!r}"
+
+
+def assert_fails(code: int, err: str, path: str | Path, line: int | None = None) -> None:
+    assert code == 2, err
+    assert_one_line(err, path, line)
+
+
+@pytest.fixture(scope="module")
+def translation_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run = tmp_path_factory.mktemp("translation") / "run"
+    data = TRANSLATION / "good"
+    tiny = ["--preset", "tiny", "vocab_size=100", "max_tokens=256", "max_steps=4", "eval_every=2"]
+    assert cli("train", "translation", "--data", data, "--out", run, *tiny) == 0
+    return run
+
+
+@pytest.fixture(scope="module")
+def classification_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run = tmp_path_factory.mktemp("classification") / "run"
+    args = ["--preset", "tiny", "vocab_size=100", "max_steps=2", "eval_every=2"]
+    train = str(LABELLED / "good.jsonl")
+    assert main(["train", "classification", "--train", train, "--out", str(run), *args]) == 0
+    return run
+
+
+# --------------------------------------------------------------------------- training data
+
+TRAIN_DATA = {
+    "missing directory": ("nope", "nope", None),
+    "line counts differ": ("mismatch", "mismatch/train.de", None),
+    "validation line counts differ": ("val_mismatch", "val_mismatch/val.de", None),
+    "empty line": ("empty_line", "empty_line/train.en", 3),
+    "blank line": ("blank_line", "blank_line/val.de", 2),
+    "bad UTF-8": ("bad_utf8", "bad_utf8/train.de", 2),
+    "truncated gzip": ("truncated_gz", "truncated_gz/train.de.gz", None),
+    ".gz that is not gzip": ("not_gzip", "not_gzip/train.de.gz", None),
+    "empty file": ("empty_file", "empty_file/train.en", None),
+    "no validation files": ("no_val", "no_val", None),
+    "a file, not a directory": ("good/train.de", "good/train.de", None),
+}
+
+
+@pytest.mark.parametrize("case", TRAIN_DATA.values(), ids=TRAIN_DATA.keys())
+def test_train_translation_on_bad_data(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, case: tuple[str, str, int | None]
+) -> None:
+    data, at_fault, line = case
+    code, err = qkv(
+        capsys, "train", "translation", "--data", TRANSLATION / data, "--out", tmp_path / "run"
+    )
+    assert_fails(code, err, TRANSLATION / at_fault, line)
+
+
+BAD_SETTINGS = {
+    "unknown preset": (["--preset", "huge"], "unknown translation preset 'huge'"),
+    "bad value": (["threads=many"], "threads: cannot read 'many' as int"),
+    "unknown setting": (["d_modle=64"], "unknown setting(s): d_modle"),
+    "invalid value": (["eval_every=0"], "eval_every must be at least 1"),
+    "invalid model": (["d_model=30", "n_heads=4"], "d_model (30) must be divisible by n_heads (4)"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_SETTINGS.values(), ids=BAD_SETTINGS.keys())
+def test_train_with_bad_settings(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, case: tuple[list[str], str]
+) -> None:
+    extra, message = case
+    data = TRANSLATION / "good"
+    code, err = qkv(capsys, "train", "translation", "--data", data, "--out", tmp_path / "r", *extra)
+    assert code == 2
+    assert err.startswith(f"qkv: {message}") and err.count("\n") == 1, err
+
+
+def test_train_refuses_to_overwrite_a_run(
+    capsys: pytest.CaptureFixture[str], translation_run: Path
+) -> None:
+    data = TRANSLATION / "good"
+    code, err = qkv(capsys, "train", "translation", "--data", data, "--out", translation_run)
+    assert_fails(code, err, translation_run)
+    assert f"--resume {translation_run}" in err
+
+
+# --------------------------------------------------------------------------- translate / evaluate
+
+
+INPUTS = {
+    "bad UTF-8": ("bad_utf8.de", 3),
+    "empty file": ("empty.de", None),
+    "truncated gzip": ("truncated.de.gz", None),
+    "missing file": ("missing.de", None),
+    "a directory": (".", None),
+}
+
+
+@pytest.mark.parametrize("case", INPUTS.values(), ids=INPUTS.keys())
+def test_translate_bad_input(
+    capsys: pytest.CaptureFixture[str], translation_run: Path, case: tuple[str, int | None]
+) -> None:
+    name, line = case
+    path = TEXT / name
+    code, err = qkv(capsys, "translate", translation_run, "--input", path)
+    assert_fails(code, err, path if name != "." else TEXT, line)
+
+
+def test_translate_bad_stdin(
+    capsys: pytest.CaptureFixture[str], translation_run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"ein hund\nzwei\n\xff\n")))
+    code, err = qkv(capsys, "translate", translation_run)
+    assert_fails(code, err, "<stdin>", 3)
+
+
+def test_translate_to_unwritable_output(
+    capsys: pytest.CaptureFixture[str], translation_run: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "missing" / "out.en"
+    code, err = qkv(
+        capsys, "translate", translation_run, "--input", TEXT / "src.de", "--output", out
+    )
+    assert_fails(code, err, out)
+
+
+def test_translate_and_evaluate_work_on_the_good_files(
+    capsys: pytest.CaptureFixture[str], translation_run: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out.en"
+    assert cli("translate", translation_run, "--input", TEXT / "src.de", "--output", out) == 0
+    assert len(out.read_text(encoding="utf-8").splitlines()) == 8
+    capsys.readouterr()
+    src, ref = TEXT / "src.de", TEXT / "ref.en"
+    assert (
+        cli("evaluate", translation_run, "--src", src, "--ref", ref, "--json", "--beam", "2") == 0
+    )
+    assert "bleu" in json.loads(capsys.readouterr().out)
+
+
+EVALUATE = {
+    "line counts differ": ("src.de", "ref_short.en", "src.de", None),
+    "empty reference line": ("src.de", "ref_empty_line.en", "ref_empty_line.en", 5),
+    "bad UTF-8 source": ("bad_utf8.de", "ref.en", "bad_utf8.de", 3),
+    "missing reference": ("src.de", "missing.en", "missing.en", None),
+}
+
+
+@pytest.mark.parametrize("case", EVALUATE.values(), ids=EVALUATE.keys())
+def test_evaluate_bad_input(
+    capsys: pytest.CaptureFixture[str],
+    translation_run: Path,
+    case: tuple[str, str, str, int | None],
+) -> None:
+    src, ref, at_fault, line = case
+    code, err = qkv(capsys, "evaluate", translation_run, "--src", TEXT / src, "--ref", TEXT / ref)
+    assert_fails(code, err, TEXT / at_fault, line)
+
+
+def test_evaluate_without_references(
+    capsys: pytest.CaptureFixture[str], translation_run: Path
+) -> None:
+    code, err = qkv(capsys, "evaluate", translation_run, "--src", TEXT / "src.de")
+    assert code == 2
+    assert err == "qkv: evaluate on a translation run needs --src FILE and --ref FILE\n"
+
+
+# --------------------------------------------------------------------------- damaged runs
+
+
+def edit_config(change: Callable[[dict], None]) -> Callable[[Path], None]:
+    def apply(run: Path) -> None:
+        config = json.loads((run / "config.json").read_text())
+        change(config)
+        (run / "config.json").write_text(json.dumps(config))
+
+    return apply
+
+
+def truncate(name: str, keep: float = 0.5) -> Callable[[Path], None]:
+    def apply(run: Path) -> None:
+        path = run / name
+        path.write_bytes(path.read_bytes()[: int(path.stat().st_size * keep)])
+
+    return apply
+
+
+def replace(name: str, data: bytes) -> Callable[[Path], None]:
+    def apply(run: Path) -> None:
+        (run / name).write_bytes(data)
+
+    return apply
+
+
+def remove(name: str) -> Callable[[Path], None]:
+    def apply(run: Path) -> None:
+        (run / name).unlink()
+
+    return apply
+
+
+def each_checkpoint(damage: Callable[[Path], None]) -> Callable[[Path], None]:
+    def apply(run: Path) -> None:
+        for directory in (run / "checkpoints").iterdir():
+            damage(directory)
+
+    return apply
+
+
+# name: (damage, what translate/evaluate name, what `train --resume` names), relative to the run;
+# None where the command does not read the damaged file and works.
+RUN_DAMAGE: dict[str, tuple[Callable[[Path], None], str | None, str | None]] = {
+    "newer run format": (
+        edit_config(lambda c: c.update(format_version=99)),
+        "config.json",
+        "config.json",
+    ),
+    "d_model changed": (
+        edit_config(lambda c: c["model"].update(d_model=128)),
+        "model.safetensors",
+        "checkpoints/step-0000004/model.safetensors",
+    ),
+    "unknown task": (
+        edit_config(lambda c: c.update(task="summarization")),
+        "config.json",
+        "config.json",
+    ),
+    "n_heads does not divide d_model": (
+        edit_config(lambda c: c["model"].update(n_heads=3)),
+        "config.json",
+        "config.json",
+    ),
+    "d_model not an integer": (
+        edit_config(lambda c: c["model"].update(d_model=64.0)),
+        "config.json",
+        "config.json",
+    ),
+    "unknown model field": (
+        edit_config(lambda c: c["model"].update(heads=4)),
+        "config.json",
+        "config.json",
+    ),
+    "train section not an object": (
+        edit_config(lambda c: c.update(train=[1])),
+        "config.json",
+        "config.json",
+    ),
+    "config truncated": (truncate("config.json"), "config.json", "config.json"),
+    "config not UTF-8": (replace("config.json", b"\xff\xfe{}"), "config.json", "config.json"),
+    "config missing": (remove("config.json"), "config.json", "config.json"),
+    "weights truncated": (truncate("model.safetensors"), "model.safetensors", None),
+    "weights header only": (truncate("model.safetensors", 0.001), "model.safetensors", None),
+    "weights missing": (remove("model.safetensors"), "model.safetensors", None),
+    "tokenizer garbage": (
+        replace("tokenizer.json", b"{garbage"),
+        "tokenizer.json",
+        "tokenizer.json",
+    ),
+    "tokenizer not a tokenizer": (
+        replace("tokenizer.json", b'{"version": "1.0"}'),
+        "tokenizer.json",
+        "tokenizer.json",
+    ),
+    "tokenizer missing": (remove("tokenizer.json"), "tokenizer.json", "tokenizer.json"),
+    "vocabulary size differs": (  # "RUN: tokenizer has 100 tokens, the model 101"
+        edit_config(lambda c: c["model"].update(vocab_size=c["model"]["vocab_size"] + 1)),
+        "",
+        "checkpoints/step-0000004/model.safetensors",
+    ),
+    "checkpoint truncated": (each_checkpoint(truncate("model.safetensors")), None, "checkpoints"),
+    "checkpoint from a newer qkv": (
+        each_checkpoint(
+            lambda d: (d / "state.json").write_text(
+                json.dumps({**json.loads((d / "state.json").read_text()), "format_version": 9})
+            )
+        ),
+        None,
+        "checkpoints",
+    ),
+}
+
+
+def damaged(run: Path, tmp_path: Path, damage: Callable[[Path], None]) -> Path:
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    damage(copy)
+    return copy
+
+
+@pytest.mark.parametrize("case", RUN_DAMAGE.values(), ids=RUN_DAMAGE.keys())
+def test_damaged_translation_run(
+    capsys: pytest.CaptureFixture[str],
+    translation_run: Path,
+    tmp_path: Path,
+    case: tuple[Callable[[Path], None], str | None, str | None],
+) -> None:
+    damage, at_fault, at_fault_on_resume = case
+    run = damaged(translation_run, tmp_path, damage)
+    if at_fault is not None:
+        code, err = qkv(capsys, "translate", run, "--input", TEXT / "src.de")
+        assert_fails(code, err, run / at_fault)
+        code, err = qkv(capsys, "evaluate", run, "--src", TEXT / "src.de", "--ref", TEXT / "ref.en")
+        assert_fails(code, err, run / at_fault)
+    if at_fault_on_resume is not None:
+        code, err = qkv(capsys, "train", "--resume", run)
+        assert_fails(code, err, run / at_fault_on_resume)
+
+
+def test_resume_falls_back_to_the_last_good_checkpoint(
+    capsys: pytest.CaptureFixture[str], translation_run: Path, tmp_path: Path
+) -> None:
+    run = damaged(translation_run, tmp_path, truncate("checkpoints/step-0000004/model.safetensors"))
+    capsys.readouterr()
+    assert cli("train", "--resume", run) == 0
+    out = capsys.readouterr().out
+    bad = run / "checkpoints" / "step-0000004" / "model.safetensors"
+    assert f"warning: skipping bad checkpoint: {bad}: checksum mismatch" in out
+    assert f"resuming from {run / 'checkpoints' / 'step-0000002'} (step 2" in out
+    assert ckpt.verify_checkpoint(run / "checkpoints" / "step-0000004")["progress"]["step"] == 4
+
+
+@pytest.mark.parametrize("command", ["translate", "evaluate", "train --resume"])
+def test_missing_run_directory(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, command: str
+) -> None:
+    code, err = qkv(capsys, *command.split(), tmp_path / "nothing")
+    assert_fails(code, err, tmp_path / "nothing")
+    assert "run directory not found" in err
+
+
+# --------------------------------------------------------------------------- classification
+
+LABELLED_FILES = {
+    "malformed JSON": ("malformed.jsonl", 3),
+    "JSON list, not object": ("not_object.jsonl", 2),
+    "missing field": ("missing_field.jsonl", 3),
+    "empty label": ("empty_label.jsonl", 4),
+    "empty text": ("empty_text.jsonl", 2),
+    "boolean label": ("bool_label.jsonl", 3),
+    "bad UTF-8": ("bad_utf8.jsonl", 3),
+    "truncated gzip": ("truncated.jsonl.gz", None),
+    "missing CSV column": ("missing_column.csv", 1),
+    "CSV row with extra fields": ("wrong_fields.csv", 3),
+    "CSV unclosed quote": ("unclosed_quote.csv", 3),
+    "missing TSV column": ("missing_column.tsv", 1),
+    "unknown format": ("unknown_format.xml", None),
+    "no records": ("empty.jsonl", None),
+    "missing file": ("missing.jsonl", None),
+}
+TEXT_ONLY_OK = {"missing_field.jsonl", "empty_label.jsonl", "bool_label.jsonl"}
+TEXT_ONLY_OK |= {"missing_column.tsv", "unknown_format.xml"}  # has "text"; plain lines
+
+
+@needs_classification
+@pytest.mark.parametrize("case", LABELLED_FILES.values(), ids=LABELLED_FILES.keys())
+def test_train_classification_on_bad_data(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, case: tuple[str, int | None]
+) -> None:
+    name, line = case
+    path = LABELLED / name
+    code, err = qkv(capsys, "train", "classification", "--train", path, "--out", tmp_path / "a")
+    assert_fails(code, err, path, line)
+    good = LABELLED / "good.jsonl"
+    code, err = qkv(
+        capsys, "train", "classification", "--train", good, "--valid", path, "--out", tmp_path / "b"
+    )
+    assert_fails(code, err, path, line)
+
+
+@needs_classification
+def test_train_classification_with_unknown_validation_label(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = LABELLED / "unknown_label.jsonl"
+    good = LABELLED / "good.jsonl"
+    code, err = qkv(
+        capsys, "train", "classification", "--train", good, "--valid", path, "--out", tmp_path / "r"
+    )
+    assert_fails(code, err, path)
+    assert "neutral" in err
+
+
+@needs_classification
+@pytest.mark.parametrize("case", LABELLED_FILES.values(), ids=LABELLED_FILES.keys())
+def test_classify_and_evaluate_bad_data(
+    capsys: pytest.CaptureFixture[str], classification_run: Path, case: tuple[str, int | None]
+) -> None:
+    name, line = case
+    path = LABELLED / name
+    code, err = qkv(capsys, "evaluate", classification_run, "--data", path)
+    assert_fails(code, err, path, line)
+    code, err = qkv(capsys, "classify", classification_run, "--input", path)
+    if name in TEXT_ONLY_OK:
+        assert code == 0, err
+    else:
+        assert_fails(code, err, path, line)
+
+
+@needs_classification
+def test_evaluate_unknown_label(
+    capsys: pytest.CaptureFixture[str], classification_run: Path
+) -> None:
+    path = LABELLED / "unknown_label.jsonl"
+    code, err = qkv(capsys, "evaluate", classification_run, "--data", path)
+    assert_fails(code, err, path, 4)
+    assert "unknown label 'neutral'" in err
+
+
+@needs_classification
+@pytest.mark.parametrize(
+    "name",
+    [
+        "newer run format",
+        "d_model changed",
+        "d_model not an integer",
+        "config truncated",
+        "weights truncated",
+        "tokenizer garbage",
+    ],
+)
+def test_damaged_classification_run(
+    capsys: pytest.CaptureFixture[str], classification_run: Path, tmp_path: Path, name: str
+) -> None:
+    damage, at_fault, _ = RUN_DAMAGE[name]
+    assert at_fault is not None
+    run = damaged(classification_run, tmp_path, damage)
+    code, err = qkv(capsys, "classify", run, "--input", LABELLED / "good.jsonl")
+    assert_fails(code, err, run / at_fault)
+    code, err = qkv(capsys, "evaluate", run, "--data", LABELLED / "good.jsonl")
+    assert_fails(code, err, run / at_fault)
+
+
+# --------------------------------------------------------------------------- real processes
+
+
+def test_real_processes_print_one_line_and_no_traceback(
+    translation_run: Path, tmp_path: Path
+) -> None:
+    mismatch = TRANSLATION / "mismatch"
+    train = ["train", "translation", "--data", mismatch, "--out", tmp_path / "run"]
+    translate = ["translate", translation_run, "--input", TEXT / "bad_utf8.de"]
+    commands = {mismatch / "train.de": train, TEXT / "bad_utf8.de": translate}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    started = {
+        at_fault: subprocess.Popen(
+            [str(QKV), *map(str, argv)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for at_fault, argv in commands.items()
+    }
+    for at_fault, proc in started.items():
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 2, err
+        assert "Traceback" not in err + out
+        assert_one_line(err, at_fault)
