@@ -55,10 +55,12 @@ def rank() -> int:
 
 
 class MetricsLog:
-    """Append-only JSONL metrics in the run directory (main process only)."""
+    """Append-only JSONL metrics in the run directory (main process only), mirrored to
+    TensorBoard under RUN/tensorboard when the `tensorboard` package is installed."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.board: Any = None
 
     def write(self, record: dict[str, Any]) -> None:
         if rank() != 0:
@@ -66,6 +68,24 @@ class MetricsLog:
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
             handle.flush()
+        board = self._board()
+        if board is not None:
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and key not in ("step", "epoch"):
+                    board.add_scalar(
+                        f"{record.get('split', 'train')}/{key}", value, record.get("step", 0)
+                    )
+            board.flush()
+
+    def _board(self) -> Any:
+        if self.board is None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                self.board = False
+                return None
+            self.board = SummaryWriter(str(self.path.parent / "tensorboard"))
+        return self.board or None
 
     def truncate_after(self, step: int) -> None:
         """Drop records newer than `step` (written after the checkpoint we resume from)."""

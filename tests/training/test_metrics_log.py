@@ -1,0 +1,40 @@
+import json
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from qkv.training.trainer import MetricsLog
+
+
+def test_jsonl_and_tensorboard_mirror(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    scalars: list[tuple[str, float, int]] = []
+
+    class FakeWriter:
+        def __init__(self, logdir: str) -> None:
+            assert logdir.endswith("tensorboard")
+
+        def add_scalar(self, tag: str, value: float, step: int) -> None:
+            scalars.append((tag, value, step))
+
+        def flush(self) -> None:
+            pass
+
+    fake: Any = types.ModuleType("torch.utils.tensorboard")
+    fake.SummaryWriter = FakeWriter
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", fake)
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    log.write({"split": "valid", "step": 10, "epoch": 1, "loss": 2.5, "bleu": 30.0})
+    assert json.loads((tmp_path / "metrics.jsonl").read_text())["bleu"] == 30.0
+    assert scalars == [("valid/loss", 2.5, 10), ("valid/bleu", 30.0, 10)]
+
+
+def test_without_tensorboard_only_jsonl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    log.write({"split": "train", "step": 1, "loss": 1.0})
+    log.write({"split": "train", "step": 2, "loss": 0.5})
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
+    assert not (tmp_path / "tensorboard").exists()
