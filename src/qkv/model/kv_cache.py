@@ -35,6 +35,9 @@ class KVCache:
         self.keys = torch.empty(shape, dtype=dtype, device=device)  # (N, H, T_max, K)
         self.values = torch.empty(shape, dtype=dtype, device=device)  # (N, H, T_max, K)
         self.length = 0
+        # `select` gathers into spare buffers, made at its first call, and swaps them in.
+        self._spare_keys: Tensor | None = None  # (N, H, T_max, K)
+        self._spare_values: Tensor | None = None  # (N, H, T_max, K)
 
     @property
     def capacity(self) -> int:
@@ -52,25 +55,46 @@ class KVCache:
         return self.keys[:, :, :end], self.values[:, :, :end]  # (N, H, length, K)
 
     def select(self, rows: Tensor) -> None:
-        """Keep and reorder rows: new row i = old row rows[i] (rows (N',) long)."""
-        self.keys = self.keys[rows]  # (N', H, T_max, K)
-        self.values = self.values[rows]  # (N', H, T_max, K)
+        """Keep and reorder rows: new row i = old row rows[i] (rows (N',) long).
+
+        Only the steps filled so far are copied, into the spare buffers, which then swap roles.
+        """
+        if self.keys.requires_grad:  # decoding under autograd: out= copies are not allowed
+            self.keys, self.values = self.keys[rows], self.values[rows]  # (N', H, T_max, K)
+            return
+        count, end = rows.numel(), self.length
+        if self._spare_keys is None or self._spare_values is None or count > len(self._spare_keys):
+            shape = (count, *self.keys.shape[1:])
+            self._spare_keys = self.keys.new_empty(shape)  # (N', H, T_max, K)
+            self._spare_values = self.values.new_empty(shape)  # (N', H, T_max, K)
+        keys, values = self._spare_keys[:count], self._spare_values[:count]  # (N', H, T_max, K)
+        torch.index_select(self.keys[:, :, :end], 0, rows, out=keys[:, :, :end])
+        torch.index_select(self.values[:, :, :end], 0, rows, out=values[:, :, :end])
+        self._spare_keys, self._spare_values = self.keys, self.values
+        self.keys, self.values = keys, values
 
 
 @dataclass
 class DecoderCache:
     """Everything a decoder needs between steps.
 
+    Cross-attention keys and values depend on the source alone, so rows that decode the same
+    source (the W beams of a sentence) share them: the rows form G groups of `group_size`
+    consecutive rows, and group g reads entry g of the cross-attention tensors. A group's rows
+    then attend as that many queries of one sentence, reading its keys and values once.
+
     Attributes:
-        self_attn: one KVCache per decoder layer.
-        cross_keys, cross_values: one (N, H, S, K) tensor per decoder layer.
-        src_mask: (N, 1, 1, S) bool, True = real source token.
+        self_attn: one KVCache per decoder layer, N rows.
+        cross_keys, cross_values: one (G, H, S, K) tensor per decoder layer.
+        src_mask: (G, 1, 1, S) bool, True = real source token.
+        group_size: N / G, 1 when each row has its own entry (as at the start).
     """
 
     self_attn: list[KVCache]
     cross_keys: list[Tensor]
     cross_values: list[Tensor]
     src_mask: Tensor
+    group_size: int = 1
 
     @property
     def length(self) -> int:
@@ -79,12 +103,21 @@ class DecoderCache:
 
     @property
     def rows(self) -> int:
-        return self.src_mask.size(0)
+        return self.src_mask.size(0) * self.group_size
 
     def select(self, rows: Tensor) -> None:
-        """Keep and reorder rows (beam reordering, dropping finished sentences)."""
+        """Keep and reorder rows: new row i = old row rows[i] (beam reordering and expansion,
+        dropping finished sentences)."""
         for cache in self.self_attn:
             cache.select(rows)
-        self.cross_keys = [k[rows] for k in self.cross_keys]  # (N', H, S, K)
-        self.cross_values = [v[rows] for v in self.cross_values]  # (N', H, S, K)
-        self.src_mask = self.src_mask[rows]  # (N', 1, 1, S)
+        entries = torch.div(rows, self.group_size, rounding_mode="floor")  # (N',) entry per row
+        groups, counts = torch.unique_consecutive(entries, return_counts=True)  # (G',), (G',)
+        group_size = int(counts[0]) if counts.numel() > 0 else 1
+        if not bool((counts == group_size).all()):  # not runs of equal length: one entry per row
+            groups, group_size = entries, 1
+        self.group_size = group_size
+        if torch.equal(groups, torch.arange(self.src_mask.size(0), device=groups.device)):
+            return  # every group reads the entry it read before (beams reordered in place)
+        self.cross_keys = [k[groups] for k in self.cross_keys]  # (G', H, S, K)
+        self.cross_values = [v[groups] for v in self.cross_values]  # (G', H, S, K)
+        self.src_mask = self.src_mask[groups]  # (G', 1, 1, S)

@@ -122,8 +122,8 @@ class DecoderLayer(nn.Module):
         Args:
             x: target states (B, T, D), or the real target tokens only (M, D) placed by `rows`.
             memory: encoder output (B, S, D) or its real tokens (M', D) placed by
-                `memory_rows`, or its cross-attention keys and values (B, H, S, K) each,
-                computed once per source during incremental decoding.
+                `memory_rows`, or its cross-attention keys and values (G, H, S, K) each,
+                computed once per source during incremental decoding (see `DecoderCache`).
             self_mask: (B, 1, T, T) causal & padding mask, or None when decoding with a cache.
             cross_mask: (B, 1, 1, S) source padding mask.
             cache: this layer's self-attention KV cache (incremental decoding).
@@ -177,7 +177,13 @@ class DecoderLayer(nn.Module):
             if rows is not None and memory_rows is not None:
                 return self.cross_attn.forward_packed(x, memory, mask, rows, memory_rows), None
             return self.cross_attn(x, memory, memory, mask, need_weights)
-        keys, values = memory  # (B, H, S, K) each, precomputed
-        return self.cross_attn.attend(
-            self.cross_attn.project_q(x), keys, values, mask, need_weights
-        )
+        keys, values = memory  # (G, H, S, K) each, precomputed for G groups of rows
+        # The rows of a group (N = G * W) decode one source: they attend as W query positions.
+        n_rows, _, d_model = x.shape  # N, 1, D
+        queries = x.reshape(keys.size(0), -1, d_model)  # (G, W, D)
+        out, weights = self.cross_attn.attend(
+            self.cross_attn.project_q(queries), keys, values, mask, need_weights
+        )  # (G, W, D), (G, H, W, S)
+        if weights is not None:
+            weights = weights.transpose(1, 2).reshape(n_rows, -1, 1, weights.size(-1))
+        return out.reshape(x.shape), weights  # (N, 1, D), (N, H, 1, S)

@@ -1,0 +1,245 @@
+"""Speed of qkv against existing PyTorch encoder-decoder Transformers, on this machine's CPU.
+
+    python benchmarks/bench.py --json bench.json --md bench.md \\
+        [--peers torch_nn,hf_marian,xtransformers] [--threads 2] [--quick]
+
+Every system has the same shape (d_model 256, 4 heads, d_ff 1024, 3 + 3 layers, dropout 0.1,
+separate 8,000-token vocabularies) and sees the same synthetic Multi30k-shaped data. Each
+measurement runs in a fresh worker process with `--threads` torch threads: the matmul peak,
+each system's training and decoding, then qkv interleaved step by step with the fastest peer,
+and a profile of qkv's training step. Peers that are not installed are skipped with a note.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import report  # noqa: E402
+from peers import PEERS, available  # noqa: E402
+
+
+def run_phase(phase: str, args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
+    """Run one measurement in a fresh process (in this one with --inline) and time it."""
+    job = dict(vars(args), phase=phase, **extra)
+    label = ":".join(str(x) for x in (phase, *extra.values()))
+    before = machine_load(args.load_interval)
+    start = time.perf_counter()
+    result = run_job(job) if args.inline else run_subprocess(job, label)
+    result["wall_s"] = time.perf_counter() - start
+    result["load_before"], result["load_after"] = before, machine_load(args.load_interval)
+    print(f"[{label}] {result['wall_s']:.0f} s", file=sys.stderr, flush=True)
+    return result
+
+
+def run_subprocess(job: dict[str, Any], label: str) -> dict[str, Any]:
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
+        json.dump(job, handle)
+        job_path = handle.name
+    threads = str(job["threads"])
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS=threads,
+        MKL_NUM_THREADS=threads,
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TRANSFORMERS_VERBOSITY="error",
+    )
+    done = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--worker", job_path],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    try:
+        if done.returncode != 0:
+            tail = done.stderr[-2000:]
+            print(f"[{label}] failed (rc {done.returncode})\n{tail}", file=sys.stderr)
+            return {"error": f"rc={done.returncode}", "stderr_tail": tail}
+        with open(job_path + ".out") as handle:
+            return json.load(handle)
+    finally:
+        for path in (job_path, job_path + ".out"):
+            if os.path.exists(path):
+                os.unlink(path)
+
+
+def run_job(job: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    from phases import phase_decode, phase_pair, phase_peak, phase_train
+    from profile_step import phase_profile
+
+    measure = {
+        "peak": phase_peak,
+        "train": phase_train,
+        "decode": phase_decode,
+        "pair": phase_pair,
+        "profile": phase_profile,
+    }
+    threads = torch.get_num_threads()
+    torch.set_num_threads(job["threads"])
+    try:
+        return measure[job["phase"]](argparse.Namespace(**job))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def machine_load(interval: float) -> dict[str, float]:
+    """Load average and the fraction of all CPUs busy (with other processes: the driver sleeps)."""
+
+    def cpu_times() -> list[int]:
+        with open("/proc/stat") as handle:
+            return [int(x) for x in handle.readline().split()[1:]]
+
+    try:
+        first = cpu_times()
+        time.sleep(interval)
+        delta = [b - a for a, b in zip(first, cpu_times(), strict=True)]
+        with open("/proc/loadavg") as handle:
+            load1 = float(handle.read().split()[0])
+    except OSError:
+        return {}
+    return {"loadavg_1m": load1, "busy": 1.0 - (delta[3] + delta[4]) / max(sum(delta[:8]), 1)}
+
+
+def best(results: dict[str, Any], peers: list[str], key: Any) -> str | None:
+    found = {p: key(results[p]) for p in peers if p in results and key(results[p])}
+    return max(found, key=lambda p: found[p]) if found else None
+
+
+def main_run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
+    wanted = [p for p in args.peers.split(",") if p]
+    unknown = [p for p in wanted if p not in PEERS]
+    if unknown:
+        raise SystemExit(f"unknown peers {unknown}; known: {', '.join(PEERS)}")
+    peers = [p for p in wanted if available(p)]
+    started = time.perf_counter()
+    results: dict[str, Any] = {
+        "generated": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "command": " ".join(["python benchmarks/bench.py", *argv]),
+        "args": vars(args),
+        "versions": versions(),
+        "load_start": machine_load(2 * args.load_interval),
+        "skipped_peers": [p for p in wanted if p not in peers],
+        "systems": {},
+    }
+    results["peak"] = run_phase("peak", args)
+    systems = ["qkv", *peers]
+    train = {s: run_phase("train", args, system=s) for s in systems}
+    decode = {s: run_phase("decode", args, system=s) for s in systems}
+    for s in systems:
+        results["systems"][s] = {"train": train[s], "decode": decode[s]}
+    pairs = []
+    fastest_train = best(train, peers, lambda r: r.get("identical", {}).get("tgt_tokens_per_s"))
+    if fastest_train and not args.no_pair:
+        pairs.append(run_phase("pair", args, peer=fastest_train, pair_part="train"))
+    fastest_decode = best(decode, peers, lambda r: r.get("greedy", {}).get("sentences_per_s"))
+    if fastest_decode and not args.no_pair:
+        pairs.append(run_phase("pair", args, peer=fastest_decode, pair_part="decode"))
+    results["pairs"] = pairs
+    if not args.no_profile:
+        results["profile"] = run_phase("profile", args, system="qkv")
+    results["load_end"] = machine_load(2 * args.load_interval)
+    results["total_wall_s"] = time.perf_counter() - started
+    return results
+
+
+def versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {"python": platform.python_version()}
+    for package in ("torch", "qkv", "transformers", "x-transformers", "numpy"):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            found[package] = "not installed"
+    try:
+        with open("/proc/cpuinfo") as handle:
+            cpu = next(x for x in handle if x.startswith("model name")).split(":", 1)[1].strip()
+    except (OSError, StopIteration):
+        cpu = platform.processor()
+    found["cpu"] = f"{cpu}, {os.cpu_count()} logical CPUs"
+    return found
+
+
+QUICK = {"warmup": 1, "steps": 3, "repeats": 1, "sentences": 64, "decode_repeats": 1}
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated peers")
+    parser.add_argument("--json", default="bench.json", help="write the results here")
+    parser.add_argument("--md", default="bench.md", help="write the markdown report here")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--shape", choices=["base", "tiny"], default="base")
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--warmup", type=int, default=3, help="untimed training steps")
+    parser.add_argument("--steps", type=int, default=20, help="timed training steps")
+    parser.add_argument("--repeats", type=int, default=3, help="timed passes; median kept")
+    parser.add_argument("--batch-tokens", type=int, default=2000)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--sentences", type=int, default=256, help="sentences to decode")
+    parser.add_argument("--infer-batch", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=50)
+    parser.add_argument("--decode-repeats", type=int, default=3)
+    parser.add_argument("--beam", type=int, default=5, help="beam width; 0 skips beam search")
+    parser.add_argument("--no-pair", action="store_true", help="skip the interleaved A/B runs")
+    parser.add_argument("--no-profile", action="store_true")
+    parser.add_argument(
+        "--probe-size",
+        type=int,
+        default=1024,
+        help="n of the n^3 matmul that checks, in each phase, that no core is taken",
+    )
+    parser.add_argument(
+        "--load-interval",
+        type=float,
+        default=0.5,
+        help="seconds of /proc/stat sampling before and after each phase",
+    )
+    parser.add_argument("--quick", action="store_true", help="few steps: a smoke check")
+    parser.add_argument(
+        "--inline",
+        action="store_true",
+        help="measure in this process (tests); default: a fresh one per phase",
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        for key, value in QUICK.items():
+            setattr(args, key, value)
+    return args
+
+
+def main(argv: list[str]) -> None:
+    if argv[:1] == ["--worker"]:
+        with open(argv[1]) as handle:
+            result = run_job(json.load(handle))
+        with open(argv[1] + ".out", "w") as handle:
+            json.dump(result, handle)
+        return
+    args = parse(argv)
+    results = main_run(args, argv)
+    with open(args.json, "w") as handle:
+        json.dump(results, handle, indent=1)
+    markdown = report.render(results)
+    with open(args.md, "w") as handle:
+        handle.write(markdown)
+    print(markdown)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

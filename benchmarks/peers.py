@@ -1,0 +1,300 @@
+"""The peers: existing PyTorch encoder-decoder Transformers, built to the benchmark's shape.
+
+Each adapter exposes the same small interface as the qkv side (`qkv_side.py`):
+
+    model                      the nn.Module
+    n_embedding_params()       token and learned position tables (lookups, not matmuls)
+    optimizer(lr)              what the peer's usual training loop uses (torch.optim.Adam)
+    loss(src, tgt_in, labels)  mean label-smoothed cross-entropy over non-pad targets
+    greedy(src, n)             (B, n) tokens, exactly n new tokens (no early stop)
+    beam(src, n, k)            (B, n) best beam, exactly n new tokens (only where supported)
+
+The peers are an optional extra (`pip install -e .[bench]`); torch_nn needs only torch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from workload import BOS, EOS, PAD, Shape
+
+LABEL_SMOOTHING = 0.1
+PEERS = ("torch_nn", "hf_marian", "xtransformers")
+REQUIRES = {"torch_nn": "torch", "hf_marian": "transformers", "xtransformers": "x_transformers"}
+
+
+def available(name: str) -> bool:
+    """Whether the package a peer needs is installed."""
+    return importlib.util.find_spec(REQUIRES[name]) is not None
+
+
+def sinusoids(length: int, d_model: int) -> Tensor:
+    """(length, D) fixed sinusoidal positions."""
+    position = torch.arange(length, dtype=torch.float32)[:, None]  # (L, 1)
+    rate = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))  # (D/2,)
+    table = torch.zeros(length, d_model)
+    table[:, 0::2] = torch.sin(position * rate)
+    table[:, 1::2] = torch.cos(position * rate)
+    return table
+
+
+def padded_cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
+    """The peers' loss: logits (B, T, V) over every position, padding ignored."""
+    return F.cross_entropy(
+        logits.flatten(0, 1), labels.flatten(), ignore_index=PAD, label_smoothing=LABEL_SMOOTHING
+    )
+
+
+class Peer:
+    """Shared defaults of the adapters."""
+
+    name = "?"
+    model: nn.Module
+    meta: dict[str, Any]
+
+    def optimizer(self, lr: float) -> torch.optim.Optimizer:
+        # torch's default Adam: on CPU tensors the per-parameter (for-loop) implementation
+        return torch.optim.Adam(self.model.parameters(), lr=lr, betas=(0.9, 0.98), eps=1e-9)
+
+
+class TorchNNSeq2Seq(nn.Module):
+    """torch.nn.Transformer with embeddings x sqrt(D), sinusoidal positions and a generator."""
+
+    def __init__(self, s: Shape) -> None:
+        super().__init__()
+        self.src_emb = nn.Embedding(s.src_vocab, s.d_model, padding_idx=PAD)
+        self.tgt_emb = nn.Embedding(s.tgt_vocab, s.d_model, padding_idx=PAD)
+        self.register_buffer("positions", sinusoids(s.max_positions, s.d_model), persistent=False)
+        self.dropout = nn.Dropout(s.dropout)
+        self.transformer = nn.Transformer(
+            d_model=s.d_model,
+            nhead=s.n_heads,
+            num_encoder_layers=s.n_encoder_layers,
+            num_decoder_layers=s.n_decoder_layers,
+            dim_feedforward=s.d_ff,
+            dropout=s.dropout,
+            batch_first=True,
+        )  # post-norm, relu
+        self.generator = nn.Linear(s.d_model, s.tgt_vocab)
+        self.scale = math.sqrt(s.d_model)
+
+    def embed(self, table: nn.Embedding, ids: Tensor) -> Tensor:
+        return self.dropout(table(ids) * self.scale + self.positions[: ids.size(1)])
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        src_pad = src == PAD  # torch: True = ignore
+        return self.transformer.encoder(
+            self.embed(self.src_emb, src), src_key_padding_mask=src_pad
+        ), src_pad
+
+    def decode(self, memory: Tensor, src_pad: Tensor, tgt_in: Tensor) -> Tensor:
+        length = tgt_in.size(1)
+        future = torch.triu(torch.ones(length, length, dtype=torch.bool), 1)
+        return self.transformer.decoder(
+            self.embed(self.tgt_emb, tgt_in),
+            memory,
+            tgt_mask=future,
+            tgt_key_padding_mask=tgt_in == PAD,
+            memory_key_padding_mask=src_pad,
+            tgt_is_causal=True,
+        )
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        memory, src_pad = self.encode(src)
+        return self.generator(self.decode(memory, src_pad, tgt_in))  # (B, T, V)
+
+
+class TorchNNPeer(Peer):
+    name = "torch_nn"
+
+    def __init__(self, shape: Shape) -> None:
+        self.model = TorchNNSeq2Seq(shape)
+        self.meta = {
+            "impl": "torch.nn.Transformer(batch_first=True), post-norm, own embeddings x sqrt(D), "
+            "sinusoidal positions, nn.Linear generator",
+            "attention": "nn.MultiheadAttention -> F.scaled_dot_product_attention; dropout 0.1 "
+            "on attention weights",
+            "kv_cache": "no (nn.TransformerDecoder has no incremental API: greedy re-decodes "
+            "the prefix each step)",
+        }
+
+    def n_embedding_params(self) -> int:
+        return self.model.src_emb.weight.numel() + self.model.tgt_emb.weight.numel()
+
+    def loss(self, src: Tensor, tgt_in: Tensor, labels: Tensor) -> Tensor:
+        return padded_cross_entropy(self.model(src, tgt_in), labels)
+
+    def greedy(self, src: Tensor, n: int) -> Tensor:
+        memory, src_pad = self.model.encode(src)
+        out = torch.full((src.size(0), 1), BOS, dtype=torch.long)
+        for _ in range(n):
+            states = self.model.decode(memory, src_pad, out)  # (B, t, D)
+            logits = self.model.generator(states[:, -1])  # (B, V)
+            logits[:, EOS] = -math.inf  # exactly n new tokens
+            out = torch.cat([out, logits.argmax(-1, keepdim=True)], dim=1)
+        return out[:, 1:]
+
+
+class HFMarianPeer(Peer):
+    name = "hf_marian"
+
+    def __init__(self, shape: Shape) -> None:
+        from transformers import GenerationConfig, MarianConfig, MarianMTModel
+
+        s = shape
+        config = MarianConfig(
+            vocab_size=s.src_vocab,
+            decoder_vocab_size=s.tgt_vocab,
+            d_model=s.d_model,
+            encoder_layers=s.n_encoder_layers,
+            decoder_layers=s.n_decoder_layers,
+            encoder_attention_heads=s.n_heads,
+            decoder_attention_heads=s.n_heads,
+            encoder_ffn_dim=s.d_ff,
+            decoder_ffn_dim=s.d_ff,
+            activation_function="relu",
+            dropout=s.dropout,
+            attention_dropout=s.dropout,
+            activation_dropout=s.dropout,
+            max_position_embeddings=s.max_positions,
+            scale_embedding=True,
+            pad_token_id=PAD,
+            bos_token_id=BOS,
+            eos_token_id=EOS,
+            decoder_start_token_id=BOS,
+            forced_eos_token_id=None,
+            share_encoder_decoder_embeddings=False,
+            tie_word_embeddings=False,
+            attn_implementation="sdpa",
+        )
+        self.model = MarianMTModel(config)
+        self.generation_config = GenerationConfig
+        self.meta = {
+            "impl": "transformers.MarianMTModel(MarianConfig(...)), random init, post-norm, relu, "
+            "untied",
+            "attention": f"{self.model.config._attn_implementation}; dropout 0.1 on weights",
+            "kv_cache": "yes (generate: self-attention cache, cross K/V once)",
+        }
+
+    def n_embedding_params(self) -> int:
+        inner = self.model.model
+        n = inner.encoder.embed_tokens.weight.numel() + inner.decoder.embed_tokens.weight.numel()
+        for table in (inner.encoder.embed_positions, inner.decoder.embed_positions):
+            if table.weight.requires_grad:
+                n += table.weight.numel()
+        return n
+
+    def optimizer(self, lr: float) -> torch.optim.Optimizer:
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        return torch.optim.Adam(trainable, lr=lr, betas=(0.9, 0.98), eps=1e-9)
+
+    def loss(self, src: Tensor, tgt_in: Tensor, labels: Tensor) -> Tensor:
+        logits = self.model(
+            input_ids=src,
+            attention_mask=src != PAD,
+            decoder_input_ids=tgt_in,
+            decoder_attention_mask=tgt_in != PAD,
+        ).logits
+        return padded_cross_entropy(logits, labels)
+
+    def _generate(self, src: Tensor, n: int, beams: int) -> Tensor:
+        config = self.generation_config(
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            num_beams=beams,
+            early_stopping=False,
+            pad_token_id=PAD,
+            eos_token_id=EOS,
+            bos_token_id=BOS,
+            decoder_start_token_id=BOS,
+            forced_eos_token_id=None,
+            use_cache=True,
+        )
+        out = self.model.generate(
+            input_ids=src, attention_mask=src != PAD, generation_config=config
+        )
+        return out[:, 1:]
+
+    def greedy(self, src: Tensor, n: int) -> Tensor:
+        return self._generate(src, n, 1)
+
+    def beam(self, src: Tensor, n: int, k: int) -> Tensor:
+        return self._generate(src, n, k)
+
+
+class XTransformersPeer(Peer):
+    name = "xtransformers"
+
+    def __init__(self, shape: Shape) -> None:
+        from x_transformers import XTransformer
+
+        s = shape
+        sides: dict[str, Any] = {}
+        for side, vocab, depth in (
+            ("enc", s.src_vocab, s.n_encoder_layers),
+            ("dec", s.tgt_vocab, s.n_decoder_layers),
+        ):
+            sides.update(
+                {
+                    f"{side}_num_tokens": vocab,
+                    f"{side}_depth": depth,
+                    f"{side}_heads": s.n_heads,
+                    f"{side}_attn_dim_head": s.d_model // s.n_heads,
+                    f"{side}_max_seq_len": s.max_positions,
+                    f"{side}_ff_mult": s.d_ff / s.d_model,
+                    f"{side}_ff_custom_activation": nn.ReLU(),
+                    f"{side}_emb_dropout": s.dropout,
+                    f"{side}_attn_dropout": s.dropout,
+                    f"{side}_attn_sublayer_dropout": s.dropout,
+                    f"{side}_ff_dropout": s.dropout,
+                    f"{side}_ff_sublayer_dropout": s.dropout,
+                    f"{side}_attn_flash": False,
+                }
+            )
+        self.model = XTransformer(
+            dim=s.d_model, tie_token_emb=False, pad_value=PAD, ignore_index=PAD, **sides
+        )
+        self.meta = {
+            "impl": "x_transformers.XTransformer, pre-norm, relu, learned absolute positions",
+            "attention": "hand-written einsum attention (attn_flash=False); dropout 0.1",
+            "kv_cache": "yes (generate(cache_kv=True))",
+        }
+
+    def n_embedding_params(self) -> int:
+        n = 0
+        for wrapper in (self.model.encoder, self.model.decoder.net):
+            n += wrapper.token_emb.emb.weight.numel()
+            table = getattr(wrapper, "pos_emb", None)
+            if hasattr(table, "emb"):
+                n += table.emb.weight.numel()
+        return n
+
+    def loss(self, src: Tensor, tgt_in: Tensor, labels: Tensor) -> Tensor:
+        src_mask = src != PAD
+        memory = self.model.encoder(src, mask=src_mask, return_embeddings=True)
+        logits = self.model.decoder.net(
+            tgt_in, context=memory, context_mask=src_mask, mask=tgt_in != PAD
+        )
+        return padded_cross_entropy(logits, labels)
+
+    def greedy(self, src: Tensor, n: int) -> Tensor:
+        # x-transformers' generate has no end token unless one is given: exactly n tokens
+        start = torch.full((src.size(0), 1), BOS, dtype=torch.long)
+        return self.model.generate(src, start, n, mask=src != PAD, temperature=0.0, cache_kv=True)
+
+
+def build_peer(name: str, shape: Shape) -> Peer:
+    builders = {
+        "torch_nn": TorchNNPeer,
+        "hf_marian": HFMarianPeer,
+        "xtransformers": XTransformersPeer,
+    }
+    if name not in builders:
+        raise SystemExit(f"unknown peer {name!r}; known: {', '.join(builders)}")
+    return builders[name](shape)

@@ -1,0 +1,293 @@
+"""The measurements. Each runs in a fresh worker process (see `bench.py`) and returns a dict.
+
+peak      fp32 matmul GFLOP/s, the denominator of MFU
+train     target tokens/s on the identical batches (qkv: also on its bucketed batches)
+decode    greedy and beam sentences/s, batch 64, exactly n new tokens
+profile   where one qkv training step goes (torch.profiler, by op category)
+pair      qkv and one peer in one process, their steps interleaved AB BA AB ...
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from workload import PAD, SHAPES, Shape, make_sources, make_train_batches, pad_batch
+
+Batch = dict[str, torch.Tensor]
+
+
+def build(name: str, shape: Shape) -> Any:
+    """qkv or a peer, with the same interface."""
+    if name == "qkv":
+        from qkv_side import QkvSystem
+
+        return QkvSystem(shape)
+    from peers import build_peer
+
+    return build_peer(name, shape)
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def probe_gflops(n: int) -> float:
+    """Best of 5 fp32 n^3 matmuls (n = 1024 by default): shows when a core was taken."""
+    a, b, c = torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)
+    torch.mm(a, b, out=c)
+    best = math.inf
+    for _ in range(5):
+        start = time.perf_counter()
+        torch.mm(a, b, out=c)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best / 1e9
+
+
+def params(system: Any) -> dict[str, int]:
+    trainable = sum(p.numel() for p in system.model.parameters() if p.requires_grad)
+    embedding = system.n_embedding_params()
+    return {
+        "trainable": trainable,
+        "embedding_tables": embedding,
+        "non_embedding": trainable - embedding,
+    }
+
+
+def train_batches(args: Any, shape: Shape) -> list[Batch]:
+    batches = make_train_batches(args.warmup + args.steps, args.batch_tokens, args.seed + 1, shape)
+    return [{k: torch.from_numpy(v) for k, v in b.items()} for b in batches]
+
+
+def n_targets(batches: list[Batch]) -> int:
+    return sum(int((b["labels"] != PAD).sum()) for b in batches)
+
+
+def step_function(system: Any, lr: float) -> Callable[[Batch], float]:
+    """One optimiser step on a batch; returns the loss."""
+    optimizer = system.optimizer(lr)
+    system.model.train()
+
+    def step(batch: Batch) -> float:
+        optimizer.zero_grad(set_to_none=True)
+        loss = system.loss(batch["src"], batch["tgt_in"], batch["labels"])
+        loss.backward()
+        optimizer.step()
+        return float(loss.detach())
+
+    return step
+
+
+def timed_rounds(
+    step: Callable[[Batch], float], warm: list[Batch], timed: list[Batch], repeats: int
+) -> dict[str, Any]:
+    """Warm up, then time `repeats` passes over `timed`; tokens/s of the median pass."""
+    losses = [step(b) for b in warm]
+    tokens = n_targets(timed)
+    rounds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        losses += [step(b) for b in timed]
+        seconds = time.perf_counter() - start
+        rounds.append(
+            {
+                "seconds": seconds,
+                "tgt_tokens_per_s": tokens / seconds,
+                "step_ms": 1000 * seconds / len(timed),
+            }
+        )
+    median = sorted(rounds, key=lambda r: r["seconds"])[len(rounds) // 2]
+    return {
+        "tgt_tokens_per_s": median["tgt_tokens_per_s"],
+        "step_ms": median["step_ms"],
+        "repeats": rounds,
+        "tgt_tokens": tokens,
+        "batches": len(timed),
+        "padded_tgt_tokens": sum(b["labels"].numel() for b in timed),
+        "loss_first_last": [losses[0], losses[-1]],
+        "loss_finite": all(math.isfinite(x) for x in losses),
+    }
+
+
+def phase_peak(args: Any) -> dict[str, Any]:
+    sizes = (
+        [(2048, 2048, 2048, 10), (4096, 4096, 4096, 4)]
+        if args.shape == "base"
+        else [(256, 256, 256, 3)]
+    )
+    shapes = {}
+    for m, k, n, reps in sizes:
+        a, b, c = torch.randn(m, k), torch.randn(k, n), torch.empty(m, n)
+        torch.mm(a, b, out=c)
+        best = math.inf
+        for _ in range(reps):
+            start = time.perf_counter()
+            torch.mm(a, b, out=c)
+            best = min(best, time.perf_counter() - start)
+        shapes[f"{m}x{k}x{n}"] = 2 * m * k * n / best / 1e9
+    return {
+        "gflops": shapes,
+        "peak_gflops": max(shapes.values()),
+        "probe_gflops": [probe_gflops(args.probe_size)],
+    }
+
+
+def phase_train(args: Any) -> dict[str, Any]:
+    shape = SHAPES[args.shape]
+    torch.manual_seed(args.seed)
+    probes = [probe_gflops(args.probe_size)]
+    system = build(args.system, shape)
+    batches = train_batches(args, shape)
+    step = step_function(system, args.lr)
+    result = {"system": args.system, "meta": system.meta, "params": params(system)}
+    result["identical"] = timed_rounds(
+        step, batches[: args.warmup], batches[args.warmup :], args.repeats
+    )
+    probes.append(probe_gflops(args.probe_size))
+    if args.system == "qkv":
+        from qkv_side import bucketed_batches
+
+        bucketed = [
+            {"src": b.src, "tgt_in": b.tgt_in, "labels": b.labels}
+            for b in bucketed_batches(
+                [{k: v.numpy() for k, v in b.items()} for b in batches], args.seed
+            )
+        ]
+        result["bucketed"] = timed_rounds(
+            step, bucketed[: args.warmup], bucketed[args.warmup :], args.repeats
+        )
+        probes.append(probe_gflops(args.probe_size))
+    result.update(peak_rss_mb=peak_rss_mb(), probe_gflops=probes, threads=torch.get_num_threads())
+    return result
+
+
+def decode_batches(args: Any, shape: Shape) -> list[torch.Tensor]:
+    sources = make_sources(args.sentences, args.seed + 2, shape)
+    return [
+        torch.from_numpy(pad_batch(sources[i : i + args.infer_batch]))
+        for i in range(0, len(sources), args.infer_batch)
+    ]
+
+
+def time_decoding(
+    fn: Callable[[torch.Tensor], torch.Tensor], batches: list[torch.Tensor], n: int
+) -> float:
+    start = time.perf_counter()
+    for batch in batches:
+        out = fn(batch)
+        assert out.shape == (batch.size(0), n), (tuple(out.shape), n)
+    return time.perf_counter() - start
+
+
+def phase_decode(args: Any) -> dict[str, Any]:
+    shape = SHAPES[args.shape]
+    torch.manual_seed(args.seed)
+    probes = [probe_gflops(args.probe_size)]
+    system = build(args.system, shape)
+    system.model.eval()
+    batches = decode_batches(args, shape)
+    sentences = sum(b.size(0) for b in batches)
+    result: dict[str, Any] = {"system": args.system, "meta": system.meta}
+    with torch.inference_mode():
+        system.greedy(batches[0][:4], 3)  # warm-up
+        seconds = [
+            time_decoding(lambda b: system.greedy(b, args.new_tokens), batches, args.new_tokens)
+            for _ in range(args.decode_repeats)
+        ]
+        result["greedy"] = {
+            "sentences_per_s": sentences / statistics.median(seconds),
+            "seconds": seconds,
+        }
+        result["peak_rss_mb_greedy"] = peak_rss_mb()
+        probes.append(probe_gflops(args.probe_size))
+        if args.beam and hasattr(system, "beam"):
+            system.beam(batches[0][:2], 3, args.beam)
+            seconds = [
+                time_decoding(
+                    lambda b: system.beam(b, args.new_tokens, args.beam), batches, args.new_tokens
+                )
+                for _ in range(max(1, args.decode_repeats // 2))
+            ]
+            result["beam"] = {
+                "k": args.beam,
+                "seconds": seconds,
+                "sentences_per_s": sentences / statistics.median(seconds),
+            }
+            probes.append(probe_gflops(args.probe_size))
+    result.update(
+        sentences=sentences,
+        batch=args.infer_batch,
+        new_tokens=args.new_tokens,
+        peak_rss_mb=peak_rss_mb(),
+        probe_gflops=probes,
+    )
+    return result
+
+
+def phase_pair(args: Any) -> dict[str, Any]:
+    """qkv (A) and a peer (B) trained (`pair_part` "train") or decoding ("decode") in one
+    process, their steps or batches interleaved AB BA AB ..., so that load from other processes
+    hits both alike. Ratios are A's speed over B's."""
+    shape = SHAPES[args.shape]
+    torch.manual_seed(args.seed)
+    names = ["qkv", args.peer]
+    systems = [build(n, shape) for n in names]
+    result: dict[str, Any] = {"a": names[0], "b": names[1], "pair_part": args.pair_part}
+    if args.pair_part == "train":
+        result["train"] = _pair_train(args, shape, systems)
+    else:
+        result["decode"] = _pair_decode(args, shape, systems)
+    result["probe_gflops"] = [probe_gflops(args.probe_size)]
+    return result
+
+
+def _pair_train(args: Any, shape: Shape, systems: list[Any]) -> dict[str, Any]:
+    batches = train_batches(args, shape)
+    steps = [step_function(s, args.lr) for s in systems]
+    for batch in batches[: args.warmup]:
+        for step in steps:
+            step(batch)
+    seconds: list[list[float]] = [[], []]
+    for index, batch in enumerate(batches[args.warmup :]):
+        for side in (0, 1) if index % 2 == 0 else (1, 0):
+            start = time.perf_counter()
+            steps[side](batch)
+            seconds[side].append(time.perf_counter() - start)
+    tokens = n_targets(batches[args.warmup :])
+    return {
+        "a_tokens_per_s": tokens / sum(seconds[0]),
+        "b_tokens_per_s": tokens / sum(seconds[1]),
+        "ratio": sum(seconds[1]) / sum(seconds[0]),
+        "ratio_median_pair": statistics.median(b / a for a, b in zip(*seconds, strict=True)),
+    }
+
+
+def _pair_decode(args: Any, shape: Shape, systems: list[Any]) -> dict[str, Any]:
+    batches = decode_batches(args, shape)
+    kinds = [("greedy", lambda s, b: s.greedy(b, args.new_tokens))]
+    if args.beam and all(hasattr(s, "beam") for s in systems):
+        kinds.append(("beam", lambda s, b: s.beam(b, args.new_tokens, args.beam)))
+    out = {}
+    with torch.inference_mode():
+        for system in systems:
+            system.model.eval()
+            system.greedy(batches[0][:4], 3)
+        for kind, run in kinds:
+            seconds: list[list[float]] = [[], []]
+            for index, batch in enumerate(batches):
+                for side in (0, 1) if index % 2 == 0 else (1, 0):
+                    start = time.perf_counter()
+                    run(systems[side], batch)
+                    seconds[side].append(time.perf_counter() - start)
+            sentences = sum(b.size(0) for b in batches)
+            out[kind] = {
+                "a_sentences_per_s": sentences / sum(seconds[0]),
+                "b_sentences_per_s": sentences / sum(seconds[1]),
+                "ratio": sum(seconds[1]) / sum(seconds[0]),
+            }
+    return out

@@ -1,0 +1,149 @@
+"""qkv seen through the same interface as the peers (see `peers.py`).
+
+Training runs the step of qkv's own trainer: `model.hidden` -> `nonpad_logits` (the output
+projection only on real target rows) -> `smoothed_cross_entropy`, AdamW(foreach=True), with
+`tune_allocator()` applied at start. Decoding runs qkv's `greedy_search` and `beam_search` over
+the model's KV-cached `decode_step`, with EOS masked so that every sentence gets exactly n
+tokens, like `min_new_tokens = max_new_tokens = n` in Hugging Face's `generate`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from workload import BOS, EOS, PAD, Shape
+
+from qkv.data.batching import PairBatch, collate_pairs, pair_lengths, token_budget_batches
+from qkv.inference.beam import beam_search
+from qkv.inference.search import greedy_search
+from qkv.model import ModelConfig, Seq2SeqTransformer
+from qkv.training.losses import nonpad_logits, smoothed_cross_entropy
+from qkv.training.speed import tune_allocator
+
+LABEL_SMOOTHING = 0.1
+BEAM_ALPHA = 0.6
+
+try:  # the library's adapter, where this version of qkv has one
+    from qkv.inference.incremental import ModelDecoder
+except ImportError:  # pragma: no cover - older trees
+
+    class ModelDecoder:  # type: ignore[no-redef]
+        """Encodes once, then decodes step by step on the model's KV cache."""
+
+        def __init__(self, model: Seq2SeqTransformer, src_ids: Tensor, max_steps: int) -> None:
+            self.model = model
+            memory, src_mask, _ = model.encode(src_ids)  # (B, S, D), (B, 1, 1, S)
+            self.cache = model.init_cache(memory, src_mask, max_steps)
+
+        def step(self, tokens: Tensor) -> Tensor:
+            logits = self.model.decode_step(tokens, self.cache)  # (N, V)
+            return torch.log_softmax(logits.float(), dim=-1)
+
+        def select(self, rows: Tensor) -> None:
+            self.cache.select(rows)
+
+
+class NoEndDecoder:
+    """Wraps a decoder so that EOS is never chosen: every sentence runs its full budget."""
+
+    def __init__(self, decoder: Any) -> None:
+        self.decoder = decoder
+
+    def step(self, tokens: Tensor) -> Tensor:
+        log_probs = self.decoder.step(tokens)  # (N, V)
+        log_probs[:, EOS] = -torch.inf
+        return log_probs
+
+    def select(self, rows: Tensor) -> None:
+        self.decoder.select(rows)
+
+
+def model_config(shape: Shape) -> ModelConfig:
+    return ModelConfig(
+        vocab_size=shape.src_vocab,
+        tgt_vocab_size=shape.tgt_vocab,
+        d_model=shape.d_model,
+        n_heads=shape.n_heads,
+        d_ff=shape.d_ff,
+        n_encoder_layers=shape.n_encoder_layers,
+        n_decoder_layers=shape.n_decoder_layers,
+        dropout=shape.dropout,
+        max_len=shape.max_positions,
+    )
+
+
+class QkvSystem:
+    """qkv's Seq2SeqTransformer with its trainer's step and its search functions."""
+
+    name = "qkv"
+
+    def __init__(self, shape: Shape) -> None:
+        self.allocator_tuned = tune_allocator()
+        config = model_config(shape)
+        self.model = Seq2SeqTransformer(config)
+        self.meta = {
+            "impl": "qkv.model.Seq2SeqTransformer, post-norm, relu, sinusoidal positions, "
+            "untied (separate vocabularies)",
+            "attention": "F.scaled_dot_product_attention; attention_dropout "
+            f"{config.attention_dropout} (qkv default, as in the paper)",
+            "kv_cache": "yes (preallocated self-attention cache, cross K/V once)",
+            "train_step": "hidden -> nonpad_logits -> smoothed_cross_entropy; "
+            "AdamW(foreach=True); tune_allocator "
+            + ("applied" if self.allocator_tuned else "unavailable"),
+        }
+
+    def n_embedding_params(self) -> int:
+        tables = {
+            id(t.token.table.weight): t.token.table.weight.numel()
+            for t in (self.model.encoder.embeddings, self.model.decoder.embeddings)
+        }
+        return sum(tables.values())
+
+    def optimizer(self, lr: float) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(
+            self.model.parameters(),
+            lr=lr,
+            betas=(0.9, 0.98),
+            eps=1e-9,
+            weight_decay=0.0,
+            foreach=True,
+        )
+
+    def loss(self, src: Tensor, tgt_in: Tensor, labels: Tensor) -> Tensor:
+        """Mean smoothed cross-entropy over the real target tokens (the trainer divides the
+        summed loss by the number of targets, as here)."""
+        states = self.model.hidden(src, tgt_in)  # (B, T, D)
+        logits, kept = nonpad_logits(self.model.output, states, labels, PAD)  # (M, V), (M,)
+        return smoothed_cross_entropy(logits, kept, LABEL_SMOOTHING) / max(kept.numel(), 1)
+
+    def greedy(self, src: Tensor, n: int) -> Tensor:
+        decoder = NoEndDecoder(ModelDecoder(self.model, src, n))
+        budget = torch.full((src.size(0),), n, dtype=torch.long)
+        found = greedy_search(decoder, src.size(0), budget, BOS, EOS)
+        return torch.tensor(found, dtype=torch.long)  # (B, n)
+
+    def beam(self, src: Tensor, n: int, k: int) -> Tensor:
+        decoder = NoEndDecoder(ModelDecoder(self.model, src, n))
+        budget = torch.full((src.size(0),), n, dtype=torch.long)
+        found = beam_search(decoder, src.size(0), k, budget, BEAM_ALPHA, BOS, EOS)
+        return torch.tensor([hyps[0].tokens for hyps in found], dtype=torch.long)  # (B, n)
+
+
+def bucketed_batches(batches: list[dict[str, np.ndarray]], seed: int) -> list[PairBatch]:
+    """The same sentence pairs regrouped by qkv's own length-bucketed, token-budget batching.
+
+    The budget (tokens of the longer side, padding included, per batch) is the mean unpadded
+    size of the identical batches, so both kinds hold about as many target tokens per step.
+    """
+    sources, targets = [], []
+    for batch in batches:
+        for src, labels in zip(batch["src"], batch["labels"], strict=True):
+            sources.append(src[src != PAD].tolist())
+            targets.append(labels[labels != PAD].tolist()[:-1])  # collate_pairs adds the EOS
+    lengths = pair_lengths(sources, targets)
+    budget = round(sum(lengths) / len(batches))
+    groups = token_budget_batches(lengths, budget, shuffle=True, seed=seed, epoch=0)
+    return [collate_pairs([sources[i] for i in g], [targets[i] for i in g]) for g in groups]

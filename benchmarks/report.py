@@ -1,0 +1,195 @@
+"""The markdown report of a benchmark run (from the results dict that bench.py writes as JSON)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def fmt(value: float | None, digits: int = 0) -> str:
+    return "—" if value is None else f"{value:,.{digits}f}"
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    return "—" if not a or not b else f"{a / b:.2f}×"
+
+
+def figures(name: str, r: dict[str, Any], peak: float | None) -> dict[str, float | None]:
+    """The table's numbers for one system."""
+    train, decode = r.get("train", {}), r.get("decode", {})
+    identical = train.get("identical", {}).get("tgt_tokens_per_s")
+    bucketed = train.get("bucketed", {}).get("tgt_tokens_per_s")
+    n = train.get("params", {}).get("non_embedding")
+
+    def mfu(tok_s: float | None) -> float | None:
+        return 100 * 6 * n * tok_s / 1e9 / peak if tok_s and n and peak else None
+
+    return {
+        "identical": identical,
+        "mfu": mfu(identical),
+        "bucketed": bucketed,
+        "mfu_bucketed": mfu(bucketed),
+        "greedy": decode.get("greedy", {}).get("sentences_per_s"),
+        "beam": decode.get("beam", {}).get("sentences_per_s"),
+        "rss_train": train.get("peak_rss_mb"),
+        "rss_decode": decode.get("peak_rss_mb"),
+        "non_embedding": n,
+    }
+
+
+def table(results: dict[str, Any]) -> list[str]:
+    peak = results["peak"].get("peak_gflops")
+    rows = {name: figures(name, r, peak) for name, r in results["systems"].items()}
+    k = results["args"]["beam"]
+    lines = [
+        f"| system | non-emb params | train tok/s, identical batches | MFU | "
+        f"train tok/s, qkv bucketed batches (MFU) | greedy sent/s | beam-{k} sent/s | "
+        "peak RSS MB train / decode |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, f in rows.items():
+        bucketed = f"{fmt(f['bucketed'])} ({fmt(f['mfu_bucketed'], 1)} %)" if f["bucketed"] else "—"
+        mfu = f"{fmt(f['mfu'], 1)} %" if f["mfu"] else "—"
+        lines.append(
+            f"| {name} | {fmt(f['non_embedding'])} | {fmt(f['identical'])} | {mfu} | {bucketed} "
+            f"| {fmt(f['greedy'], 1)} | {fmt(f['beam'], 1)} | {fmt(f['rss_train'])} / "
+            f"{fmt(f['rss_decode'])} |"
+        )
+    peers = [n for n in rows if n != "qkv"]
+    if "qkv" in rows and peers:
+        q = rows["qkv"]
+
+        def top(key: str) -> tuple[str, float | None]:
+            values = {p: rows[p][key] for p in peers if rows[p][key]}
+            if not values:
+                return "", None
+            name = max(values, key=lambda p: values[p] or 0.0)
+            return name, values[name]
+
+        cells = []
+        for key in ("identical", "mfu", "bucketed", "greedy", "beam"):
+            name, value = top("identical" if key == "bucketed" else key)
+            cells.append(f"{ratio(q[key], value)} ({name})" if value else "—")
+        lines.append(f"| **qkv / best peer** | | {' | '.join(cells)} | |")
+    return lines
+
+
+def pairs(results: dict[str, Any]) -> list[str]:
+    if not results.get("pairs"):
+        return []
+    lines = [
+        "",
+        "### Interleaved in one process (qkv = A)",
+        "",
+        "| part | peer (B) | A | B | A / B |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for p in results["pairs"]:
+        if "error" in p:
+            lines.append(f"| {p.get('pair_part', '?')} | {p.get('peer', '?')} | failed | | |")
+            continue
+        if "train" in p:
+            t = p["train"]
+            lines.append(
+                f"| train tok/s | {p['b']} | {fmt(t['a_tokens_per_s'])} | "
+                f"{fmt(t['b_tokens_per_s'])} | {t['ratio']:.2f}× (median pair "
+                f"{t['ratio_median_pair']:.2f}×) |"
+            )
+        for kind, d in p.get("decode", {}).items():
+            lines.append(
+                f"| {kind} sent/s | {p['b']} | {fmt(d['a_sentences_per_s'], 1)} | "
+                f"{fmt(d['b_sentences_per_s'], 1)} | {d['ratio']:.2f}× |"
+            )
+    return lines
+
+
+def profile(results: dict[str, Any]) -> list[str]:
+    p = results.get("profile")
+    if not p or "error" in p:
+        return []
+    split = p["split_ms"]
+    lines = [
+        "",
+        "### Where a qkv training step goes (separate process, identical batches)",
+        "",
+        f"Wall clock per step over {p['steps']} steps: forward + loss "
+        f"{split['forward_loss']:.0f} ms, backward {split['backward']:.0f} ms, optimizer "
+        f"{split['optimizer']:.0f} ms. torch.profiler self-CPU time of one step:",
+        "",
+        "| category | % |",
+        "|---|---:|",
+    ]
+    lines += [f"| {k} | {v:.1f} |" for k, v in p["category_pct"].items()]
+    lines += [
+        "",
+        "Top ops (self ms, calls): "
+        + "; ".join(f"{o['op']} {o['self_ms']:.0f} ({o['calls']})" for o in p["top_ops"][:8]),
+    ]
+    return lines
+
+
+def load_lines(results: dict[str, Any]) -> list[str]:
+    def describe(load: dict[str, float]) -> str:
+        if not load:
+            return "unknown"
+        return f"load average {load['loadavg_1m']:.2f}, CPUs {100 * load['busy']:.0f} % busy"
+
+    phases = [
+        results["peak"],
+        *(r[k] for r in results["systems"].values() for k in ("train", "decode")),
+        *results.get("pairs", []),
+    ]
+    busy = [r["load_before"]["busy"] for r in phases if r.get("load_before")]
+    probes = [x for r in phases for x in r.get("probe_gflops", [])]
+    lines = [
+        f"Load: at start {describe(results['load_start'])}; at end {describe(results['load_end'])}."
+    ]
+    if busy:
+        lines[0] += (
+            f" Other processes kept {100 * min(busy):.0f}–{100 * max(busy):.0f} % of "
+            "the CPUs busy just before the phases."
+        )
+    if probes:
+        lines.append(
+            f"1024³ matmul probe during the phases: {min(probes):.0f}–"
+            f"{max(probes):.0f} GFLOP/s (a low value means a core was taken)."
+        )
+    return lines
+
+
+def render(results: dict[str, Any]) -> str:
+    a, v = results["args"], results["versions"]
+    peak = results["peak"].get("peak_gflops")
+    lines = [
+        "# qkv speed benchmark",
+        "",
+        f"{results['generated']}; {v['cpu']}; {a['threads']} torch threads; torch {v['torch']}, "
+        f"transformers {v['transformers']}, x-transformers {v['x-transformers']}. "
+        f"Total wall {results['total_wall_s']:.0f} s.",
+        "",
+        f"`{results['command']}`",
+        "",
+        *load_lines(results),
+        "",
+        f"Matmul peak (fp32, best square torch.mm): **{fmt(peak, 1)} GFLOP/s**. "
+        "MFU = 6 × non-embedding parameters × non-pad target tokens/s / peak.",
+        "",
+        f"Training: {a['warmup']} warm-up + {a['steps']} timed steps of ≥{a['batch_tokens']} "
+        f"target tokens, median of {a['repeats']} passes; label smoothing 0.1. Decoding: "
+        f"{a['sentences']} sentences, batch {a['infer_batch']}, exactly {a['new_tokens']} new "
+        "tokens, median of passes.",
+        "",
+        *table(results),
+        *pairs(results),
+        *profile(results),
+    ]
+    if results.get("skipped_peers"):
+        lines += ["", "Not installed, skipped: " + ", ".join(results["skipped_peers"]) + "."]
+    failed = [
+        f"{n} {k}"
+        for n, r in results["systems"].items()
+        for k in ("train", "decode")
+        if "error" in r[k]
+    ]
+    if failed:
+        lines += ["", "Failed phases: " + ", ".join(failed) + " (see the JSON)."]
+    return "\n".join(lines) + "\n"

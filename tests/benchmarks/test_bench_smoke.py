@@ -1,0 +1,89 @@
+"""The benchmark harness runs end to end on a tiny model and writes every field it reports."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
+TINY = [
+    "--shape",
+    "tiny",
+    "--threads",
+    "1",
+    "--warmup",
+    "1",
+    "--steps",
+    "1",
+    "--repeats",
+    "1",
+    "--batch-tokens",
+    "40",
+    "--sentences",
+    "2",
+    "--infer-batch",
+    "2",
+    "--new-tokens",
+    "3",
+    "--decode-repeats",
+    "1",
+    "--beam",
+    "2",
+    "--inline",
+]
+
+
+@pytest.fixture
+def bench(monkeypatch: pytest.MonkeyPatch) -> object:
+    monkeypatch.syspath_prepend(str(BENCH_DIR))
+    for name in ("bench", "peers", "phases", "profile_step", "qkv_side", "report", "workload"):
+        sys.modules.pop(name, None)  # a fresh import under the patched path
+    import bench as module
+
+    return module
+
+
+def test_qkv_side_and_installed_peers_report_every_field(bench: object, tmp_path: Path) -> None:
+    from peers import PEERS, available
+
+    out_json, out_md = tmp_path / "bench.json", tmp_path / "bench.md"
+    bench.main(
+        [
+            *TINY,
+            "--peers",
+            ",".join(PEERS),
+            "--json",
+            str(out_json),  # type: ignore[attr-defined]
+            "--md",
+            str(out_md),
+        ]
+    )
+    results = json.loads(out_json.read_text())
+    installed = [p for p in PEERS if available(p)]
+    assert results["skipped_peers"] == [p for p in PEERS if p not in installed]
+    assert list(results["systems"]) == ["qkv", *installed]
+    assert results["peak"]["peak_gflops"] > 0
+
+    qkv = results["systems"]["qkv"]
+    assert qkv["train"]["params"]["non_embedding"] > 0
+    for batches in ("identical", "bucketed"):
+        run = qkv["train"][batches]
+        assert run["tgt_tokens_per_s"] > 0 and run["tgt_tokens"] > 0 and run["loss_finite"]
+    assert qkv["train"]["peak_rss_mb"] > 0
+    assert qkv["decode"]["greedy"]["sentences_per_s"] > 0
+    assert qkv["decode"]["beam"]["sentences_per_s"] > 0 and qkv["decode"]["beam"]["k"] == 2
+    assert qkv["decode"]["sentences"] == 2 and qkv["decode"]["peak_rss_mb"] > 0
+    for peer in installed:
+        assert "error" not in results["systems"][peer]["train"], peer
+        assert results["systems"][peer]["decode"]["greedy"]["sentences_per_s"] > 0
+
+    assert sum(results["profile"]["category_pct"].values()) == pytest.approx(100.0)
+    if installed:  # torch_nn needs only torch, so there is always a peer to pair with
+        parts = {p["pair_part"]: p for p in results["pairs"]}
+        assert parts["train"]["train"]["ratio"] > 0
+        assert parts["decode"]["decode"]["greedy"]["ratio"] > 0
+    markdown = out_md.read_text()
+    assert "| qkv |" in markdown and "train tok/s, identical batches" in markdown

@@ -1,0 +1,57 @@
+import torch
+
+from qkv.model.kv_cache import KVCache
+from qkv.model.seq2seq import Seq2SeqTransformer
+from tests.model.helpers import random_ids, tiny_config
+
+
+def test_select_copies_the_filled_steps_into_reordered_rows() -> None:
+    cache = KVCache(rows=3, n_heads=2, head_dim=4, max_len=5)
+    k, v = torch.randn(3, 2, 2, 4), torch.randn(3, 2, 2, 4)
+    cache.append(k, v)
+    order = torch.tensor([2, 2, 0, 1])  # more rows than before, then fewer
+    cache.select(order)
+    keys, values = cache.append(torch.zeros(4, 2, 1, 4), torch.zeros(4, 2, 1, 4))
+    torch.testing.assert_close(keys[:, :, :2], k[order])
+    torch.testing.assert_close(values[:, :, :2], v[order])
+    cache.select(torch.tensor([3, 0]))
+    torch.testing.assert_close(cache.keys[:, :, :2], k[order][[3, 0]])
+
+
+def test_beams_share_cross_attention_entries_and_decode_like_the_full_forward() -> None:
+    model = Seq2SeqTransformer(tiny_config()).eval()
+    src = random_ids(3, 6)
+    src[1, 4:] = 0
+    memory, src_mask, _ = model.encode(src)
+    cache = model.init_cache(memory, src_mask, max_len=6)
+    sources = torch.arange(3)  # the source of each decoder row
+    history = torch.full((3, 1), 1)  # tokens fed so far, BOS first
+
+    def step_and_check() -> None:
+        nonlocal history
+        logits = model.decode_step(history[:, -1], cache)  # (N, V)
+        full = model(src[sources], history)[:, -1]  # (N, V)
+        torch.testing.assert_close(logits, full, atol=1e-5, rtol=1e-5)
+        history = torch.cat([history, random_ids(len(history), 1)], dim=1)
+
+    def select(rows: list[int]) -> None:
+        nonlocal sources, history
+        index = torch.tensor(rows)
+        cache.select(index)
+        sources, history = sources[index], history[index]
+
+    with torch.no_grad():
+        step_and_check()
+        select([0, 0, 1, 1, 2, 2])  # beam expansion: 3 groups of 2 rows
+        assert cache.group_size == 2 and cache.cross_keys[0].size(0) == 3
+        step_and_check()
+        entries = cache.cross_keys[0]
+        select([1, 0, 3, 3, 4, 5])  # beams reordered within their sentences
+        assert cache.cross_keys[0] is entries  # nothing gathered
+        step_and_check()
+        select([0, 1, 4, 5])  # sentence 1 finished
+        assert cache.group_size == 2 and cache.cross_keys[0].size(0) == 2
+        step_and_check()
+        select([3, 0, 0])  # rows in no equal groups: one entry per row
+        assert cache.group_size == 1 and cache.cross_keys[0].size(0) == 3
+        step_and_check()
