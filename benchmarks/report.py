@@ -33,6 +33,8 @@ def figures(name: str, r: dict[str, Any], peak: float | None) -> dict[str, float
         "rss_train": train.get("peak_rss_mb"),
         "rss_decode": decode.get("peak_rss_mb"),
         "non_embedding": n,
+        "train_contended": train.get("contended"),
+        "decode_contended": decode.get("contended"),
     }
 
 
@@ -47,11 +49,14 @@ def table(results: dict[str, Any]) -> list[str]:
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, f in rows.items():
+        train_mark = " †" if f["train_contended"] else ""
+        decode_mark = " †" if f["decode_contended"] else ""
         bucketed = f"{fmt(f['bucketed'])} ({fmt(f['mfu_bucketed'], 1)} %)" if f["bucketed"] else "—"
         mfu = f"{fmt(f['mfu'], 1)} %" if f["mfu"] else "—"
         lines.append(
-            f"| {name} | {fmt(f['non_embedding'])} | {fmt(f['identical'])} | {mfu} | {bucketed} "
-            f"| {fmt(f['greedy'], 1)} | {fmt(f['beam'], 1)} | {fmt(f['rss_train'])} / "
+            f"| {name} | {fmt(f['non_embedding'])} | {fmt(f['identical'])}{train_mark} | {mfu} | "
+            f"{bucketed} | {fmt(f['greedy'], 1)}{decode_mark} | {fmt(f['beam'], 1)}{decode_mark} | "
+            f"{fmt(f['rss_train'])} / "
             f"{fmt(f['rss_decode'])} |"
         )
     peers = [n for n in rows if n != "qkv"]
@@ -70,12 +75,21 @@ def table(results: dict[str, Any]) -> list[str]:
             name, value = top("identical" if key == "bucketed" else key)
             cells.append(f"{ratio(q[key], value)} ({name})" if value else "—")
         lines.append(f"| **qkv / best peer** | | {' | '.join(cells)} | |")
+    if any(f["train_contended"] or f["decode_contended"] for f in rows.values()):
+        lines += [
+            "",
+            "† measured while another process held a core (the phase's matmul probe "
+            "stayed under 0.75 × the best one, re-runs included): depressed; see the "
+            "interleaved pairs.",
+        ]
     return lines
 
 
 def pairs(results: dict[str, Any]) -> list[str]:
     if not results.get("pairs"):
         return []
+    peak = results["peak"].get("peak_gflops")
+    n = results["systems"].get("qkv", {}).get("train", {}).get("params", {}).get("non_embedding")
     lines = [
         "",
         "### Interleaved in one process (qkv = A)",
@@ -94,6 +108,9 @@ def pairs(results: dict[str, Any]) -> list[str]:
                 f"{fmt(t['b_tokens_per_s'])} | {t['ratio']:.2f}× (median pair "
                 f"{t['ratio_median_pair']:.2f}×) |"
             )
+            if peak and n:
+                mfu = 100 * 6 * n * t["a_tokens_per_s"] / 1e9 / peak
+                lines.append(f"| qkv MFU, interleaved | | {mfu:.1f} % | | |")
         for kind, d in p.get("decode", {}).items():
             lines.append(
                 f"| {kind} sent/s | {p['b']} | {fmt(d['a_sentences_per_s'], 1)} | "
@@ -143,6 +160,13 @@ def load_lines(results: dict[str, Any]) -> list[str]:
     lines = [
         f"Load: at start {describe(results['load_start'])}; at end {describe(results['load_end'])}."
     ]
+    waited = sum(r.get("waited_for_quiet_s", 0.0) for r in phases)
+    reruns = sum(len(r.get("contended_runs", [])) for r in phases)
+    if waited or reruns:
+        lines.append(
+            f"Waited {waited:.0f} s in all for other processes to go idle; re-ran "
+            f"{reruns} contended phase(s)."
+        )
     if busy:
         lines[0] += (
             f" Other processes kept {100 * min(busy):.0f}–{100 * max(busy):.0f} % of "
