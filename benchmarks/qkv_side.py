@@ -18,6 +18,7 @@ from workload import BOS, EOS, PAD, Shape
 
 from qkv.data.batching import PairBatch, collate_pairs, pair_lengths, token_budget_batches
 from qkv.inference.beam import beam_search
+from qkv.inference.incremental import ModelDecoder
 from qkv.inference.search import greedy_search
 from qkv.model import ModelConfig, Seq2SeqTransformer
 from qkv.training.losses import nonpad_logits, smoothed_cross_entropy
@@ -25,25 +26,6 @@ from qkv.training.speed import tune_allocator
 
 LABEL_SMOOTHING = 0.1
 BEAM_ALPHA = 0.6
-
-try:  # the library's adapter, where this version of qkv has one
-    from qkv.inference.incremental import ModelDecoder
-except ImportError:  # pragma: no cover - older trees
-
-    class ModelDecoder:  # type: ignore[no-redef]
-        """Encodes once, then decodes step by step on the model's KV cache."""
-
-        def __init__(self, model: Seq2SeqTransformer, src_ids: Tensor, max_steps: int) -> None:
-            self.model = model
-            memory, src_mask, _ = model.encode(src_ids)  # (B, S, D), (B, 1, 1, S)
-            self.cache = model.init_cache(memory, src_mask, max_steps)
-
-        def step(self, tokens: Tensor) -> Tensor:
-            logits = self.model.decode_step(tokens, self.cache)  # (N, V)
-            return torch.log_softmax(logits.float(), dim=-1)
-
-        def select(self, rows: Tensor) -> None:
-            self.cache.select(rows)
 
 
 class NoEndDecoder:

@@ -33,6 +33,10 @@ TINY = [
     "--beam",
     "2",
     "--inline",
+    "--quiet-wait",
+    "0",
+    "--retries",
+    "0",
 ]
 
 
