@@ -49,7 +49,7 @@ def run_phase(phase: str, args: argparse.Namespace, **extra: Any) -> dict[str, A
         result["wall_s"] = time.perf_counter() - start
         result["load_before"], result["load_after"] = before, machine_load(args.load_interval)
         result["waited_for_quiet_s"] = waited
-        probes = result.get("probe_gflops") or [0.0]
+        probes = result.get("probe_gflops") or [BEST_PROBE["gflops"]]  # a profile has none
         BEST_PROBE["gflops"] = max(BEST_PROBE["gflops"], *probes)
         result["contended"] = min(probes) < 0.75 * BEST_PROBE["gflops"]
         print(

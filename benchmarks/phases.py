@@ -236,13 +236,14 @@ def phase_pair(args: Any) -> dict[str, Any]:
     shape = SHAPES[args.shape]
     torch.manual_seed(args.seed)
     names = ["qkv", args.peer]
+    probes = [probe_gflops(args.probe_size)]
     systems = [build(n, shape) for n in names]
     result: dict[str, Any] = {"a": names[0], "b": names[1], "pair_part": args.pair_part}
     if args.pair_part == "train":
         result["train"] = _pair_train(args, shape, systems)
     else:
         result["decode"] = _pair_decode(args, shape, systems)
-    result["probe_gflops"] = [probe_gflops(args.probe_size)]
+    result["probe_gflops"] = [*probes, probe_gflops(args.probe_size)]
     return result
 
 

@@ -37,6 +37,10 @@ TINY = [
     "0",
     "--retries",
     "0",
+    "--load-interval",
+    "0.01",
+    "--probe-size",
+    "128",
 ]
 
 
