@@ -10,6 +10,8 @@ from typing import Any, TypeVar, Union, get_args, get_origin
 from qkv.errors import ConfigError
 
 T = TypeVar("T")
+U = TypeVar("U")
+V = TypeVar("V")
 
 
 def parse_pairs(pairs: list[str]) -> dict[str, str]:
@@ -55,3 +57,13 @@ def apply(config: T, values: dict[str, str]) -> tuple[T, dict[str, str]]:
     mine = {k: _convert(k, v, hints[k]) for k, v in values.items() if k in names}
     rest = {k: v for k, v in values.items() if k not in names}
     return dataclasses.replace(config, **mine), rest
+
+
+def apply_all(data: T, model: U, train: V, values: dict[str, str]) -> tuple[T, U, V]:
+    """Apply overrides to the data, model and training configs; unknown keys are an error."""
+    data, rest = apply(data, values)
+    model, rest = apply(model, rest)
+    train, rest = apply(train, rest)
+    if rest:
+        raise ConfigError(f"unknown setting(s): {', '.join(sorted(rest))}")
+    return data, model, train

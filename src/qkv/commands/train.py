@@ -60,11 +60,7 @@ def _translation(args: argparse.Namespace, out: Path, values: dict[str, str]) ->
         raise ConfigError("train translation needs --data DIR")
     model, train = translation_preset(args.preset or "small")
     data = TranslationData(data_dir=args.data, src=args.src, tgt=args.tgt)
-    data, values = overrides.apply(data, values)
-    model, values = overrides.apply(model, values)
-    train, values = overrides.apply(train, values)
-    if values:
-        raise ConfigError(f"unknown setting(s): {', '.join(sorted(values))}")
+    data, model, train = overrides.apply_all(data, model, train, values)
     progress = train_translation(data, model, train, out)
     print(f"done: {out} (best bleu {progress.best:.2f} at step {progress.best_step})")
     print(f"translate with: qkv translate {out} --input FILE")

@@ -24,11 +24,7 @@ def train(args: argparse.Namespace, out: Path, values: dict[str, str]) -> int:
             "valid_fraction": args.valid_fraction,
         }
     )
-    data, values = overrides.apply(data, values)
-    model, values = overrides.apply(model, values)
-    train_config, values = overrides.apply(train_config, values)
-    if values:
-        raise ConfigError(f"unknown setting(s): {', '.join(sorted(values))}")
+    data, model, train_config = overrides.apply_all(data, model, train_config, values)
     progress = train_classification(data, model, train_config, out)
     print(f"done: {out} (best accuracy {progress.best:.4f} at step {progress.best_step})")
     print(f"classify with: qkv classify {out} --input FILE")
