@@ -31,7 +31,9 @@ def figures(name: str, r: dict[str, Any], peak: float | None) -> dict[str, float
         "greedy": decode.get("greedy", {}).get("sentences_per_s"),
         "beam": decode.get("beam", {}).get("sentences_per_s"),
         "rss_train": train.get("peak_rss_mb"),
-        "rss_decode": decode.get("peak_rss_mb"),
+        "rss_greedy": decode.get("peak_rss_mb_greedy"),
+        # the process ran greedy first: its peak after beam search is the beam search's
+        "rss_beam": decode.get("peak_rss_mb") if "beam" in decode else None,
         "non_embedding": n,
         "train_contended": train.get("contended"),
         "decode_contended": decode.get("contended"),
@@ -45,7 +47,7 @@ def table(results: dict[str, Any]) -> list[str]:
     lines = [
         f"| system | non-emb params | train tok/s, identical batches | MFU | "
         f"train tok/s, qkv bucketed batches (MFU) | greedy sent/s | beam-{k} sent/s | "
-        "peak RSS MB train / decode |",
+        f"peak RSS MB train / greedy / beam-{k} |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, f in rows.items():
@@ -56,8 +58,7 @@ def table(results: dict[str, Any]) -> list[str]:
         lines.append(
             f"| {name} | {fmt(f['non_embedding'])} | {fmt(f['identical'])}{train_mark} | {mfu} | "
             f"{bucketed} | {fmt(f['greedy'], 1)}{decode_mark} | {fmt(f['beam'], 1)}{decode_mark} | "
-            f"{fmt(f['rss_train'])} / "
-            f"{fmt(f['rss_decode'])} |"
+            f"{fmt(f['rss_train'])} / {fmt(f['rss_greedy'])} / {fmt(f['rss_beam'])} |"
         )
     peers = [n for n in rows if n != "qkv"]
     if "qkv" in rows and peers:
@@ -74,7 +75,13 @@ def table(results: dict[str, Any]) -> list[str]:
         for key in ("identical", "mfu", "bucketed", "greedy", "beam"):
             name, value = top("identical" if key == "bucketed" else key)
             cells.append(f"{ratio(q[key], value)} ({name})" if value else "—")
-        lines.append(f"| **qkv / best peer** | | {' | '.join(cells)} | |")
+        memory = []
+        for key in ("rss_train", "rss_greedy", "rss_beam"):
+            values = [rows[p][key] for p in peers if rows[p][key]]
+            memory.append(ratio(q[key], min(values)) if values else "—")
+        lines.append(
+            f"| **qkv / best peer** | | {' | '.join(cells)} | {' / '.join(memory)} (lowest) |"
+        )
     if any(f["train_contended"] or f["decode_contended"] for f in rows.values()):
         lines += [
             "",

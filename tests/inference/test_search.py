@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from qkv.errors import ConfigError
-from qkv.inference.beam import Hypothesis, beam_search, length_penalty
+from qkv.inference.beam import Hypothesis, _parents_in_place, beam_search, length_penalty
 from qkv.inference.search import filter_logits, greedy_search, sample
 
 PAD, BOS, EOS, TOK_A, TOK_B = range(5)  # toy vocabulary; BOS and EOS match qkv.data.special
@@ -299,3 +299,18 @@ def test_sample_draws_from_the_filtered_distribution(
 def test_sample_rejects_bad_settings(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ConfigError):
         sample(ToyDecoder(CLASSIC, [0]), 1, lengths(3), **kwargs)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_beams_are_arranged_so_each_parent_keeps_its_slot(seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    parents = torch.randint(0, 4, (50, 4), generator=generator)  # (B', W)
+    parents[0] = 0  # every beam from one parent
+    parents[1] = torch.tensor([3, 2, 1, 0])  # a permutation: nobody moves
+    order = _parents_in_place(parents)
+    assert torch.equal(order.sort(dim=1).values, torch.arange(4).expand(50, 4))  # permutations
+    arranged = parents.gather(1, order)  # (B', W) the parent of the beam in each slot
+    for row, slots in zip(parents.tolist(), arranged.tolist(), strict=True):
+        assert sorted(slots) == sorted(row)
+        assert all(slots[p] == p for p in set(row))  # a child of p sits in slot p
+    assert arranged[1].tolist() == [0, 1, 2, 3]

@@ -55,3 +55,19 @@ def test_beams_share_cross_attention_entries_and_decode_like_the_full_forward() 
         select([3, 0, 0])  # rows in no equal groups: one entry per row
         assert cache.group_size == 1 and cache.cross_keys[0].size(0) == 3
         step_and_check()
+
+
+def test_select_writes_in_place_and_keeps_rows_that_stay() -> None:
+    cache = KVCache(rows=4, n_heads=2, head_dim=3, max_len=6)
+    k, v = torch.randn(4, 2, 3, 3), torch.randn(4, 2, 3, 3)
+    cache.append(k, v)
+    buffer = cache.keys.data_ptr()
+    for order in ([0, 0, 2, 1], [3, 1], [1, 0, 1]):  # reorder, drop rows, grow back to 3
+        index = torch.tensor(order)
+        k, v = k[index], v[index]
+        cache.select(index)
+        torch.testing.assert_close(cache.keys[:, :, :3], k)
+        torch.testing.assert_close(cache.values[:, :, :3], v)
+        assert cache.keys.data_ptr() == buffer  # no new memory while rows <= 4
+    cache.select(torch.tensor([0, 1, 2, 2, 1]))  # more rows than ever: new buffers
+    assert cache.keys.shape[0] == 5 and cache.keys.data_ptr() != buffer

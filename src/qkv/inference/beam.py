@@ -116,8 +116,8 @@ def beam_search(
 
     tokens = torch.full_like(state.sentences, bos_id)  # (N,) with N = B' at the first step
     while state.sentences.numel() > 0:
-        log_probs = decoder.step(tokens)  # (N, V)
-        state, rows = _advance(state, log_probs, beam_size, eos_id, alpha, finished)
+        logits = decoder.step(tokens)  # (N, V)
+        state, rows = _advance(state, logits, beam_size, eos_id, alpha, finished)
         if state.sentences.numel() == 0:
             break
         decoder.select(rows)  # (B' * W,)
@@ -149,7 +149,7 @@ def _keep(state: BeamState, live: Tensor) -> BeamState:
 
 def _advance(
     state: BeamState,
-    log_probs: Tensor,
+    logits: Tensor,
     beam_size: int,
     eos_id: int,
     alpha: float,
@@ -159,7 +159,7 @@ def _advance(
 
     Args:
         state: the beams after T steps; its width w is 1 at the first step, W afterwards.
-        log_probs: (B' * w, V) next-token log-probabilities of every beam.
+        logits: (B' * w, V) next-token logits of every beam.
         beam_size: W.
         eos_id: token that ends a sentence.
         alpha: strength of the length penalty.
@@ -170,11 +170,12 @@ def _advance(
         (B'' * W,) long that they continue from.
     """
     width, length = state.tokens.shape[1:]  # w, T
-    top_scores, top_beams, top_tokens = _top_candidates(state.scores, log_probs, beam_size)
+    top_scores, top_beams, top_tokens = _top_candidates(state.scores, logits, beam_size)
     is_eos = top_tokens == eos_id  # (B', 2W)
 
     # Continue with the W best candidates that do not end in EOS (a stable sort keeps their order).
     chosen = is_eos.long().argsort(dim=1, stable=True)[:, :beam_size]  # (B', W)
+    chosen = chosen.gather(1, _parents_in_place(top_beams.gather(1, chosen)))  # (B', W)
     next_beams = top_beams.gather(1, chosen)  # (B', W)
     next_scores = top_scores.gather(1, chosen).masked_fill(is_eos.gather(1, chosen), -torch.inf)
     prefixes = _gather_beams(state.tokens, next_beams)  # (B', W, T)
@@ -202,13 +203,13 @@ def _advance(
 
 
 def _top_candidates(
-    scores: Tensor, log_probs: Tensor, beam_size: int
+    scores: Tensor, logits: Tensor, beam_size: int
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The 2W best one-token extensions of each sentence's beams.
 
     Args:
         scores: (B', w) log-probability of each beam.
-        log_probs: (B' * w, V) next-token log-probabilities of each beam.
+        logits: (B' * w, V) next-token logits of each beam.
         beam_size: W.
 
     Returns:
@@ -217,15 +218,40 @@ def _top_candidates(
         candidates at the first step, the missing ones have log-probability -inf.
     """
     live, width = scores.shape  # B', w
-    vocab_size = log_probs.size(-1)
-    candidates = scores[..., None] + log_probs.view(live, width, vocab_size)  # (B', w, V)
-    candidates = candidates.view(live, width * vocab_size)  # (B', w * V)
+    vocab_size = logits.size(-1)
+    log_probs = logits.log_softmax(dim=-1).view(live, width, vocab_size)  # (B', w, V)
+    candidates = (scores[..., None] + log_probs).view(live, width * vocab_size)  # (B', w * V)
     if candidates.size(1) < 2 * beam_size:
         missing = 2 * beam_size - candidates.size(1)
         candidates = F.pad(candidates, (0, missing), value=-torch.inf)  # (B', 2W)
     top_scores, top_index = candidates.topk(2 * beam_size, dim=1)  # (B', 2W)
     top_beams = (top_index // vocab_size).clamp(max=width - 1)  # (B', 2W)
     return top_scores, top_beams, top_index % vocab_size
+
+
+def _parents_in_place(parents: Tensor) -> Tensor:
+    """Arrange each sentence's new beams so that a parent's first child takes the parent's slot.
+
+    The order of a sentence's beams is free, and the decoder keeps a row whose source row is
+    itself where it is (see `KVCache.select`): only the other children are copied, into the
+    slots of beams that left no child.
+
+    Args:
+        parents: (B', W) long, the old beam (< W) that each new beam extends.
+
+    Returns:
+        order (B', W) long: new slot s holds new beam order[:, s].
+    """
+    width = parents.size(1)
+    slots = torch.arange(width, device=parents.device)  # (W,)
+    same = parents[:, :, None] == parents[:, None, :]  # (B', W, W) [j, i]: same parent
+    before = slots[None, :] < slots[:, None]  # (W, W) [j, i]: i comes before j
+    first = ~(same & before).any(dim=2)  # (B', W) the first child of its parent
+    taken = (parents[:, :, None] == slots).any(dim=1)  # (B', W) slot kept by a first child
+    free = taken.long().argsort(dim=1, stable=True)  # (B', W) the free slots first, in order
+    rank = (~first).long().cumsum(dim=1) - 1  # (B', W) place of each other child among them
+    slot = torch.where(first, parents, free.gather(1, rank.clamp(min=0)))  # (B', W)
+    return slot.argsort(dim=1)  # (B', W)
 
 
 def _gather_beams(tokens: Tensor, beams: Tensor) -> Tensor:

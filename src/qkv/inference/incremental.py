@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from qkv.model.seq2seq import Seq2SeqTransformer
@@ -23,9 +22,8 @@ class ModelDecoder:
         self.cache = model.init_cache(memory, src_mask, max_steps)
 
     def step(self, tokens: Tensor) -> Tensor:
-        """tokens (N,) -> next-token log-probabilities (N, V)."""
-        logits = self.model.decode_step(tokens, self.cache)  # (N, V)
-        return torch.log_softmax(logits.float(), dim=-1)
+        """tokens (N,) -> next-token logits (N, V), in float32."""
+        return self.model.decode_step(tokens, self.cache).float()  # (N, V)
 
     def select(self, rows: Tensor) -> None:
         """Keep and reorder rows: new row i = old row rows[i]."""

@@ -1,7 +1,7 @@
 """Greedy decoding and sampling over an incremental decoder.
 
 Both walk a single path per sentence: feed the last token of every live row, pick the next one
-from the returned log-probabilities, and drop a row from the decoder as soon as it is finished
+from the returned scores, and drop a row from the decoder as soon as it is finished
 (it produced EOS, or it reached its length budget), so the work per step shrinks with the number
 of unfinished sentences. Beam search lives in `beam.py` and uses the same decoder protocol.
 
@@ -33,7 +33,9 @@ class IncrementalDecoder(Protocol):
     def step(self, tokens: Tensor) -> Tensor:
         """Feed the last token of every live row, tokens (N,) long.
 
-        Returns log-probabilities (N, V) for the next token.
+        Returns next-token logits (N, V): scores whose softmax over V is the next-token
+        distribution (log-probabilities qualify too). The searches normalise them only where
+        they need to: greedy search takes the argmax of the raw scores.
         """
 
     def select(self, rows: Tensor) -> None:
@@ -45,7 +47,7 @@ class IncrementalDecoder(Protocol):
 
 
 TokenChooser = Callable[[Tensor], Tensor]
-"""Maps log-probabilities (N, V) to the chosen next tokens (N,) long."""
+"""Maps next-token logits (N, V) to the chosen next tokens (N,) long."""
 
 
 def greedy_search(
@@ -84,7 +86,7 @@ def sample(
 ) -> list[list[int]]:
     """Decode every sentence by drawing each next token at random.
 
-    The log-probabilities are divided by `temperature`, cut by `filter_logits` (top-k, then
+    The logits are divided by `temperature`, cut by `filter_logits` (top-k, then
     nucleus), renormalised, and one token is drawn per row.
 
     Args:
@@ -109,9 +111,9 @@ def sample(
         raise ConfigError(f"temperature must be > 0, got {temperature}")
     _check_filters(top_k, top_p)
 
-    def draw(log_probs: Tensor) -> Tensor:
-        logits = filter_logits(log_probs / temperature, top_k, top_p)  # (N, V)
-        probs = logits.softmax(dim=-1)  # (N, V)
+    def draw(logits: Tensor) -> Tensor:
+        kept = filter_logits(logits / temperature, top_k, top_p)  # (N, V)
+        probs = kept.softmax(dim=-1)  # (N, V)
         return torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (N,)
 
     return _decode_paths(decoder, batch_size, max_lengths, draw, bos_id, eos_id)
@@ -166,8 +168,8 @@ def _check_lengths(batch_size: int, max_lengths: Tensor) -> None:
         raise ValueError(f"max_lengths must have shape ({batch_size},), got {shape}")
 
 
-def _argmax(log_probs: Tensor) -> Tensor:
-    return log_probs.argmax(dim=-1)  # (N,)
+def _argmax(logits: Tensor) -> Tensor:
+    return logits.argmax(dim=-1)  # (N,) the same as the argmax of the log-probabilities
 
 
 def _decode_paths(
@@ -185,7 +187,7 @@ def _decode_paths(
         batch_size: B.
         max_lengths: (B,) long, budget of generated tokens per sentence (EOS included), on the
             decoder's device.
-        choose: log-probabilities (N, V) -> next tokens (N,).
+        choose: next-token logits (N, V) -> next tokens (N,).
         bos_id: token fed at the first step.
         eos_id: token that ends a sentence.
 

@@ -1,10 +1,12 @@
 """Multi-head scaled dot-product attention: softmax(Q K^T / sqrt(K)) V, in H heads.
 
-Two paths, one module: the fused `F.scaled_dot_product_attention` for speed, and an eager path
-that also returns the per-head softmax weights (for pictures and tests). Both compute the same
-numbers (tested). Projections are packed: one (D -> 3D) matmul for self-attention, one (D -> 2D)
-for the keys and values of cross-attention, both slices of one `in_proj` weight, laid out like
-`torch.nn.MultiheadAttention`'s `in_proj_weight` (rows: query, key, value).
+Three paths, one module: the fused `F.scaled_dot_product_attention` for speed, an eager path
+that also returns the per-head softmax weights (for pictures and tests), and, for incremental
+decoding (a few query positions per row against a cache), two batched matmuls that read the
+cache in place. All compute the same numbers (tested). Projections are packed: one (D -> 3D)
+matmul for self-attention, one (D -> 2D) for the keys and values of cross-attention, both
+slices of one `in_proj` weight, laid out like `torch.nn.MultiheadAttention`'s
+`in_proj_weight` (rows: query, key, value).
 """
 
 from __future__ import annotations
@@ -58,7 +60,13 @@ class MultiHeadAttention(nn.Module):
         return self._split_heads(k), self._split_heads(v)
 
     def attend(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, need_weights: bool = False
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        need_weights: bool = False,
+        incremental: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         """Attention over projected heads, then the output projection.
 
@@ -66,6 +74,7 @@ class MultiHeadAttention(nn.Module):
             q: (B, H, T, K); k, v: (B, H, S, K).
             mask: bool, True = may attend, broadcastable to (B, H, T, S), or None.
             need_weights: also return the softmax weights (eager path).
+            incremental: T is a few decoding steps and k, v are cached (`step_attention`).
 
         Returns:
             output (B, T, D) and weights (B, H, T, S) or None. Rows with nothing to attend
@@ -74,6 +83,8 @@ class MultiHeadAttention(nn.Module):
         dropout_p = self.dropout if self.training else 0.0
         if need_weights:
             context, weights = eager_attention(q, k, v, mask, dropout_p)  # (B, H, T, K)
+        elif incremental and dropout_p == 0.0:
+            context, weights = step_attention(q, k, v, mask), None  # (B, H, T, K)
         else:
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
             weights = None
@@ -110,7 +121,7 @@ class MultiHeadAttention(nn.Module):
                 v = self._split_heads(self._project(value, 2, 3))  # (B, H, S, K)
         if cache is not None:
             k, v = cache.append(k, v)  # (B, H, S_cached, K)
-        return self.attend(q, k, v, mask, need_weights)
+        return self.attend(q, k, v, mask, need_weights, incremental=cache is not None)
 
     def forward_packed(
         self,
@@ -169,3 +180,34 @@ def eager_attention(
     weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # (B, H, T, S)
     dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
     return dropped @ v, weights  # (B, H, T, K), (B, H, T, S)
+
+
+def step_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    """softmax(Q K^T / sqrt(K)) V for a few query positions, as two batched matmuls.
+
+    During incremental decoding each row has one query (or the W beams of a sentence share
+    their source's keys, see `DecoderCache`). At such shapes the fused kernel costs more than
+    it saves, and `bmm` reads the cached keys and values in place: a cache slice
+    (B, H, S, K) of a (B, H, S_max, K) buffer merges its B and H without a copy.
+
+    Args:
+        q: (B, H, T, K), T small; k, v: (B, H, S, K) whose first two dimensions merge as a view.
+        mask: bool, True = may attend, broadcastable to (B, H, T, S), or None.
+
+    Returns:
+        context (B, H, T, K); rows with nothing to attend to give zeros.
+    """
+    batch, heads, length, head_dim = q.shape
+    n_keys = k.size(2)
+    scores = torch.bmm(
+        q.reshape(batch * heads, length, head_dim),
+        k.reshape(batch * heads, n_keys, head_dim).transpose(1, 2),
+    ).view(batch, heads, length, n_keys)  # (B, H, T, S)
+    scores = scores * (1.0 / math.sqrt(head_dim))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # (B, H, T, S)
+    context = torch.bmm(
+        weights.view(batch * heads, length, n_keys), v.reshape(batch * heads, n_keys, head_dim)
+    )  # (B * H, T, K)
+    return context.view(batch, heads, length, head_dim)

@@ -32,12 +32,12 @@ class KVCache:
         device: torch.device | None = None,
     ) -> None:
         shape = (rows, n_heads, max_len, head_dim)
-        self.keys = torch.empty(shape, dtype=dtype, device=device)  # (N, H, T_max, K)
-        self.values = torch.empty(shape, dtype=dtype, device=device)  # (N, H, T_max, K)
+        # Rows live in the first N rows of buffers that grow only when N does (beam expansion).
+        self._key_buffer = torch.empty(shape, dtype=dtype, device=device)  # (N_max, H, T_max, K)
+        self._value_buffer = torch.empty(shape, dtype=dtype, device=device)  # (N_max, H, T_max, K)
+        self.keys = self._key_buffer  # (N, H, T_max, K)
+        self.values = self._value_buffer  # (N, H, T_max, K)
         self.length = 0
-        # `select` gathers into spare buffers, made at its first call, and swaps them in.
-        self._spare_keys: Tensor | None = None  # (N, H, T_max, K)
-        self._spare_values: Tensor | None = None  # (N, H, T_max, K)
 
     @property
     def capacity(self) -> int:
@@ -57,21 +57,27 @@ class KVCache:
     def select(self, rows: Tensor) -> None:
         """Keep and reorder rows: new row i = old row rows[i] (rows (N',) long).
 
-        Only the steps filled so far are copied, into the spare buffers, which then swap roles.
+        In place: only the rows that change (rows[i] != i) are written, and only the steps
+        filled so far. Beam search arranges its beams so that most rows stay where they are.
         """
-        if self.keys.requires_grad:  # decoding under autograd: out= copies are not allowed
+        if self.keys.requires_grad:  # decoding under autograd: in-place copies are not allowed
             self.keys, self.values = self.keys[rows], self.values[rows]  # (N', H, T_max, K)
             return
         count, end = rows.numel(), self.length
-        if self._spare_keys is None or self._spare_values is None or count > len(self._spare_keys):
+        if count > self._key_buffer.size(0):  # more rows than ever: new buffers
             shape = (count, *self.keys.shape[1:])
-            self._spare_keys = self.keys.new_empty(shape)  # (N', H, T_max, K)
-            self._spare_values = self.values.new_empty(shape)  # (N', H, T_max, K)
-        keys, values = self._spare_keys[:count], self._spare_values[:count]  # (N', H, T_max, K)
-        torch.index_select(self.keys[:, :, :end], 0, rows, out=keys[:, :, :end])
-        torch.index_select(self.values[:, :, :end], 0, rows, out=values[:, :, :end])
-        self._spare_keys, self._spare_values = self.keys, self.values
-        self.keys, self.values = keys, values
+            keys, values = self.keys.new_empty(shape), self.values.new_empty(shape)
+            torch.index_select(self.keys[:, :, :end], 0, rows, out=keys[:, :, :end])
+            torch.index_select(self.values[:, :, :end], 0, rows, out=values[:, :, :end])
+            self._key_buffer, self._value_buffer = keys, values
+        else:
+            moved = (rows != torch.arange(count, device=rows.device)).nonzero().squeeze(1)  # (C,)
+            if moved.numel() > 0:
+                sources = rows[moved]  # (C,) gathered first: a source may also be a destination
+                for buffer in (self._key_buffer, self._value_buffer):
+                    filled = buffer[:, :, :end]  # (N_max, H, length, K)
+                    filled.index_copy_(0, moved, filled.index_select(0, sources))
+        self.keys, self.values = self._key_buffer[:count], self._value_buffer[:count]
 
 
 @dataclass

@@ -182,7 +182,7 @@ class DecoderLayer(nn.Module):
         n_rows, _, d_model = x.shape  # N, 1, D
         queries = x.reshape(keys.size(0), -1, d_model)  # (G, W, D)
         out, weights = self.cross_attn.attend(
-            self.cross_attn.project_q(queries), keys, values, mask, need_weights
+            self.cross_attn.project_q(queries), keys, values, mask, need_weights, incremental=True
         )  # (G, W, D), (G, H, W, S)
         if weights is not None:
             weights = weights.transpose(1, 2).reshape(n_rows, -1, 1, weights.size(-1))
