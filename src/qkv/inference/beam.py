@@ -219,8 +219,8 @@ def _top_candidates(
     """
     live, width = scores.shape  # B', w
     vocab_size = logits.size(-1)
-    log_probs = logits.log_softmax(dim=-1).view(live, width, vocab_size)  # (B', w, V)
-    candidates = (scores[..., None] + log_probs).view(live, width * vocab_size)  # (B', w * V)
+    candidates = logits.log_softmax(dim=-1).view(live, width, vocab_size)  # (B', w, V)
+    candidates = candidates.add_(scores[..., None]).view(live, width * vocab_size)  # (B', w * V)
     if candidates.size(1) < 2 * beam_size:
         missing = 2 * beam_size - candidates.size(1)
         candidates = F.pad(candidates, (0, missing), value=-torch.inf)  # (B', 2W)

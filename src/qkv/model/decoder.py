@@ -78,8 +78,12 @@ class Decoder(nn.Module):
         return rows.unpack(self.final_norm(x))  # (B, T, D)
 
     def cross_keys_values(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
-        """Each layer's cross-attention keys and values (B, H, S, K), computed once per source."""
-        return [layer.cross_attn.project_kv(memory) for layer in self._layers()]
+        """Each layer's cross-attention keys and values (B, H, S, K), computed once per source.
+
+        Made contiguous here, once, so that every decoding step reads them as they lie.
+        """
+        pairs = [layer.cross_attn.project_kv(memory) for layer in self._layers()]
+        return [(k.contiguous(), v.contiguous()) for k, v in pairs]
 
     def _layers(self) -> list[DecoderLayer]:
         return [layer for layer in self.layers if isinstance(layer, DecoderLayer)]
