@@ -23,10 +23,12 @@ def _translation(args: argparse.Namespace) -> int:
     from qkv.data.readers import read_parallel
     from qkv.evaluation.bleu import score_translations
     from qkv.inference.translator import Translator
+    from qkv.training.speed import tune_allocator
 
     if not args.src or not args.ref:
         raise ConfigError("evaluate on a translation run needs --src FILE and --ref FILE")
     sources, references = read_parallel(Path(args.src), Path(args.ref))
+    tune_allocator()  # decoding allocates the same large blocks every step
     translator = Translator.load(args.run_dir)
     hypotheses = translator.translate(sources, beam_size=args.beam)
     scores = score_translations(hypotheses, references)

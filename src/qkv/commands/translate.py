@@ -9,7 +9,9 @@ from qkv.commands.io import input_lines, write_lines
 
 def run(args: argparse.Namespace) -> int:
     from qkv.inference.translator import Translator
+    from qkv.training.speed import tune_allocator
 
+    tune_allocator()  # decoding allocates the same large blocks every step
     translator = Translator.load(args.run_dir)
     lines = input_lines(args.input)
     outputs = translator.translate(
