@@ -1,5 +1,6 @@
 """Where a training step goes: wall-clock split (forward + loss, backward, optimizer) over a few
-steps, and torch.profiler self-CPU time of one step by op category."""
+steps, and torch.profiler self-CPU time of one step by op category; then where a decoding step
+goes (`profile_decode.py`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 import torch
 from phases import build, params, train_batches
+from profile_decode import decode_split
 from torch.profiler import ProfilerActivity, profile
 from workload import SHAPES
 
@@ -113,4 +115,5 @@ def phase_profile(args: Any) -> dict[str, Any]:
         },
         "profiled_ms": total,
         "top_ops": ops[:12],
+        "decode_split": decode_split(args),
     }

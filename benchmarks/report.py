@@ -148,6 +148,27 @@ def profile(results: dict[str, Any]) -> list[str]:
         "Top ops (self ms, calls): "
         + "; ".join(f"{o['op']} {o['self_ms']:.0f} ({o['calls']})" for o in p["top_ops"][:8]),
     ]
+    return lines + decode_split(p.get("decode_split", {}))
+
+
+def decode_split(split: dict[str, Any]) -> list[str]:
+    """Milliseconds per decoding step by part (indented parts are inside the decoder layers)."""
+    if not split:
+        return []
+    kinds = list(split)
+    parts = list(dict.fromkeys(part for kind in kinds for part in split[kind]["parts_ms"]))
+    lines = [
+        "",
+        "### Where a qkv decoding step goes (wall clock, ms per step)",
+        "",
+        f"| part | {' | '.join(kinds)} |",
+        "|---|" + "---:|" * len(kinds),
+        f"| **whole step** | {' | '.join(fmt(split[k]['step_ms'], 2) for k in kinds)} |",
+    ]
+    for part in parts:
+        cells = [split[k]["parts_ms"].get(part) for k in kinds]
+        name = part.replace("  ", "&nbsp;&nbsp;↳ ", 1) if part.startswith("  ") else part
+        lines.append(f"| {name} | {' | '.join(fmt(c, 2) for c in cells)} |")
     return lines
 
 

@@ -47,7 +47,16 @@ TINY = [
 @pytest.fixture
 def bench(monkeypatch: pytest.MonkeyPatch) -> object:
     monkeypatch.syspath_prepend(str(BENCH_DIR))
-    for name in ("bench", "peers", "phases", "profile_step", "qkv_side", "report", "workload"):
+    for name in (
+        "bench",
+        "peers",
+        "phases",
+        "profile_decode",
+        "profile_step",
+        "qkv_side",
+        "report",
+        "workload",
+    ):
         sys.modules.pop(name, None)  # a fresh import under the patched path
     import bench as module
 
@@ -89,9 +98,17 @@ def test_qkv_side_and_installed_peers_report_every_field(bench: object, tmp_path
         assert results["systems"][peer]["decode"]["greedy"]["sentences_per_s"] > 0
 
     assert sum(results["profile"]["category_pct"].values()) == pytest.approx(100.0)
+    split = results["profile"]["decode_split"]
+    assert list(split) == ["greedy", "beam-2"]
+    for kind in split.values():
+        parts = kind["parts_ms"]
+        assert kind["step_ms"] > 0 and parts["decoder layers"] > 0
+        assert 0 < parts["  feed-forward"] < parts["decoder layers"] < kind["step_ms"]
+    assert split["beam-2"]["parts_ms"]["beam search step (log-softmax, top-k, bookkeeping)"] > 0
     if installed:  # torch_nn needs only torch, so there is always a peer to pair with
         parts = {p["pair_part"]: p for p in results["pairs"]}
         assert parts["train"]["train"]["ratio"] > 0
         assert parts["decode"]["decode"]["greedy"]["ratio"] > 0
     markdown = out_md.read_text()
     assert "| qkv |" in markdown and "train tok/s, identical batches" in markdown
+    assert "### Where a qkv decoding step goes" in markdown

@@ -1,0 +1,99 @@
+"""Where a qkv decoding step goes: wall-clock milliseconds per step, by part.
+
+The parts are timed with `time.perf_counter` around the methods that do them (no profiler: its
+per-op overhead distorts steps of a few milliseconds), on the decoding workload of the
+benchmark (batch `--infer-batch`, exactly `--new-tokens` tokens, greedy and beam search).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from phases import build, decode_batches
+from workload import SHAPES
+
+import qkv.inference.beam as beam_module
+import qkv.model.attention as attention_module
+from qkv.model.kv_cache import DecoderCache, KVCache
+
+ENCODER = "encoder (once per batch)"
+LAYERS = "decoder layers"
+REORDER = "cache reorder (select)"
+SEARCH = "beam search step (log-softmax, top-k, bookkeeping)"
+REST = "output layer, greedy bookkeeping, the rest"
+TOP_LEVEL = (ENCODER, LAYERS, REORDER, SEARCH)
+"""Parts that do not overlap; the others are inside the decoder layers."""
+
+
+@contextmanager
+def timers(system: Any) -> Iterator[dict[str, float]]:
+    """Wrap the parts of a decoding step with timers; yields seconds per part, summed."""
+    seconds: dict[str, float] = defaultdict(float)
+    model = system.model
+    undo: list[tuple[Any, str, Any]] = []
+
+    def wrap(owner: Any, name: str, part: str) -> None:
+        original = getattr(owner, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            result = original(*args, **kwargs)
+            seconds[part] += time.perf_counter() - start
+            return result
+
+        undo.append((owner, name, original))
+        setattr(owner, name, timed)
+        seconds[part] += 0.0  # report the parts in this order
+
+    wrap(model, "encode", ENCODER)
+    wrap(model.decoder, "step", LAYERS)
+    for layer in model.decoder.layers:
+        wrap(layer.self_attn, "project_qkv", "  self-attention q/k/v projection")
+        wrap(layer.cross_attn, "project_q", "  cross-attention q projection")
+        wrap(layer.self_attn.out_proj, "forward", "  attention output projections")
+        wrap(layer.cross_attn.out_proj, "forward", "  attention output projections")
+        wrap(layer.ffn, "forward", "  feed-forward")
+        for norm in (layer.self_attn_norm, layer.cross_attn_norm, layer.ffn_norm):
+            wrap(norm, "forward", "  layer norms")
+    wrap(attention_module, "step_attention", "  attention over the caches")
+    wrap(KVCache, "append", "  cache append")
+    wrap(DecoderCache, "select", REORDER)
+    wrap(beam_module, "_advance", SEARCH)
+    try:
+        yield seconds
+    finally:
+        for owner, name, original in reversed(undo):
+            setattr(owner, name, original)
+
+
+def decode_split(args: Any) -> dict[str, Any]:
+    """Milliseconds per decoding step, by part, for greedy and beam search."""
+    shape = SHAPES[args.shape]
+    torch.manual_seed(args.seed)
+    system = build("qkv", shape)
+    system.model.eval()
+    batches = decode_batches(args, shape)
+    kinds: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+        "greedy": lambda b: system.greedy(b, args.new_tokens)
+    }
+    if args.beam:
+        kinds[f"beam-{args.beam}"] = lambda b: system.beam(b, args.new_tokens, args.beam)
+    out: dict[str, Any] = {}
+    with torch.inference_mode():
+        for kind, run in kinds.items():
+            run(batches[0])  # warm-up
+            with timers(system) as seconds:
+                start = time.perf_counter()
+                for batch in batches:
+                    run(batch)
+                total = time.perf_counter() - start
+            steps = args.new_tokens * len(batches)
+            parts = {k: 1000 * v / steps for k, v in seconds.items()}
+            parts[REST] = 1000 * total / steps - sum(parts.get(k, 0.0) for k in TOP_LEVEL)
+            out[kind] = {"step_ms": 1000 * total / steps, "parts_ms": parts}
+    return out
