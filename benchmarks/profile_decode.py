@@ -3,10 +3,14 @@
 The parts are timed with `time.perf_counter` around the methods that do them (no profiler: its
 per-op overhead distorts steps of a few milliseconds), on the decoding workload of the
 benchmark (batch `--infer-batch`, exactly `--new-tokens` tokens, greedy and beam search).
+`bench.py` runs it in its profile phase; on its own:
+
+    python benchmarks/profile_decode.py [--threads 2] [--beam 5]
 """
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -22,12 +26,14 @@ import qkv.model.attention as attention_module
 from qkv.model.kv_cache import DecoderCache, KVCache
 
 ENCODER = "encoder (once per batch)"
-LAYERS = "decoder layers"
+STEP = "model step (decoder layers + output layer)"
+LAYERS = "  decoder layers"
+OUTPUT = "  output layer"
 REORDER = "cache reorder (select)"
 SEARCH = "beam search step (log-softmax, top-k, bookkeeping)"
-REST = "output layer, greedy bookkeeping, the rest"
-TOP_LEVEL = (ENCODER, LAYERS, REORDER, SEARCH)
-"""Parts that do not overlap; the others are inside the decoder layers."""
+REST = "greedy bookkeeping and the rest"
+TOP_LEVEL = (ENCODER, STEP, REORDER, SEARCH)
+"""Parts that do not overlap; the indented ones are inside the model step."""
 
 
 @contextmanager
@@ -51,17 +57,19 @@ def timers(system: Any) -> Iterator[dict[str, float]]:
         seconds[part] += 0.0  # report the parts in this order
 
     wrap(model, "encode", ENCODER)
+    wrap(model, "decode_step", STEP)
     wrap(model.decoder, "step", LAYERS)
     for layer in model.decoder.layers:
-        wrap(layer.self_attn, "project_qkv", "  self-attention q/k/v projection")
-        wrap(layer.cross_attn, "project_q", "  cross-attention q projection")
-        wrap(layer.self_attn.out_proj, "forward", "  attention output projections")
-        wrap(layer.cross_attn.out_proj, "forward", "  attention output projections")
-        wrap(layer.ffn, "forward", "  feed-forward")
+        wrap(layer.self_attn, "project_qkv", "    self-attention q/k/v projection")
+        wrap(layer.cross_attn, "project_q", "    cross-attention q projection")
+        wrap(layer.self_attn.out_proj, "forward", "    attention output projections")
+        wrap(layer.cross_attn.out_proj, "forward", "    attention output projections")
+        wrap(layer.ffn, "forward", "    feed-forward")
         for norm in (layer.self_attn_norm, layer.cross_attn_norm, layer.ffn_norm):
-            wrap(norm, "forward", "  layer norms")
-    wrap(attention_module, "step_attention", "  attention over the caches")
-    wrap(KVCache, "append", "  cache append")
+            wrap(norm, "forward", "    layer norms")
+    wrap(attention_module, "step_attention", "    attention over the caches")
+    wrap(KVCache, "append", "    cache append")
+    seconds[OUTPUT] += 0.0  # the model step less its decoder layers
     wrap(DecoderCache, "select", REORDER)
     wrap(beam_module, "_advance", SEARCH)
     try:
@@ -94,6 +102,27 @@ def decode_split(args: Any) -> dict[str, Any]:
                 total = time.perf_counter() - start
             steps = args.new_tokens * len(batches)
             parts = {k: 1000 * v / steps for k, v in seconds.items()}
+            parts[OUTPUT] = parts[STEP] - parts[LAYERS]  # the (N, D) x (D, V) projection
             parts[REST] = 1000 * total / steps - sum(parts.get(k, 0.0) for k in TOP_LEVEL)
             out[kind] = {"step_ms": 1000 * total / steps, "parts_ms": parts}
     return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--shape", choices=["base", "tiny"], default="base")
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--sentences", type=int, default=256)
+    parser.add_argument("--infer-batch", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=50)
+    parser.add_argument("--beam", type=int, default=5)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    from report import decode_split as table
+
+    print("\n".join(table(decode_split(args))))
+
+
+if __name__ == "__main__":
+    main()

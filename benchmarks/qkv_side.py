@@ -35,9 +35,9 @@ class NoEndDecoder:
         self.decoder = decoder
 
     def step(self, tokens: Tensor) -> Tensor:
-        log_probs = self.decoder.step(tokens)  # (N, V)
-        log_probs[:, EOS] = -torch.inf
-        return log_probs
+        logits = self.decoder.step(tokens)  # (N, V)
+        logits[:, EOS] = -torch.inf
+        return logits
 
     def select(self, rows: Tensor) -> None:
         self.decoder.select(rows)

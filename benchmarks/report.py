@@ -152,7 +152,7 @@ def profile(results: dict[str, Any]) -> list[str]:
 
 
 def decode_split(split: dict[str, Any]) -> list[str]:
-    """Milliseconds per decoding step by part (indented parts are inside the decoder layers)."""
+    """Milliseconds per decoding step by part (indented parts are inside the part above)."""
     if not split:
         return []
     kinds = list(split)
@@ -167,7 +167,8 @@ def decode_split(split: dict[str, Any]) -> list[str]:
     ]
     for part in parts:
         cells = [split[k]["parts_ms"].get(part) for k in kinds]
-        name = part.replace("  ", "&nbsp;&nbsp;↳ ", 1) if part.startswith("  ") else part
+        depth = (len(part) - len(part.lstrip(" "))) // 2
+        name = "&nbsp;&nbsp;" * depth + ("↳ " if depth else "") + part.strip()
         lines.append(f"| {name} | {' | '.join(fmt(c, 2) for c in cells)} |")
     return lines
 

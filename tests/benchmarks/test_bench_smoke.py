@@ -102,8 +102,9 @@ def test_qkv_side_and_installed_peers_report_every_field(bench: object, tmp_path
     assert list(split) == ["greedy", "beam-2"]
     for kind in split.values():
         parts = kind["parts_ms"]
-        assert kind["step_ms"] > 0 and parts["decoder layers"] > 0
-        assert 0 < parts["  feed-forward"] < parts["decoder layers"] < kind["step_ms"]
+        step = parts["model step (decoder layers + output layer)"]
+        assert 0 < parts["    feed-forward"] < parts["  decoder layers"] < step < kind["step_ms"]
+        assert parts["  output layer"] > 0
     assert split["beam-2"]["parts_ms"]["beam search step (log-softmax, top-k, bookkeeping)"] > 0
     if installed:  # torch_nn needs only torch, so there is always a peer to pair with
         parts = {p["pair_part"]: p for p in results["pairs"]}
