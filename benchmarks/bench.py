@@ -190,7 +190,7 @@ def main_run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     if fastest_decode and not args.no_pair:
         pairs.append(run_phase("pair", args, peer=fastest_decode, pair_part="decode"))
     results["pairs"] = pairs
-    if not args.no_profile:
+    if not args.no_profile and args.device == "cpu":  # CPU op profiles and wall-clock parts
         results["profile"] = run_phase("profile", args, system="qkv")
     results["load_end"] = machine_load(2 * args.load_interval)
     results["total_wall_s"] = time.perf_counter() - started
@@ -226,6 +226,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--json", default="bench.json", help="write the results here")
     parser.add_argument("--md", default="bench.md", help="write the markdown report here")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument(
+        "--dtype",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="bf16: every system under torch.autocast, the peak measured in bf16",
+    )
     parser.add_argument("--shape", choices=["base", "tiny"], default="base")
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--warmup", type=int, default=3, help="untimed training steps")
@@ -266,6 +273,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
         help="measure in this process (tests); default: a fresh one per phase",
     )
     args = parser.parse_args(argv)
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("--device cuda: no CUDA device is visible to torch")
     if args.quick:
         for key, value in QUICK.items():
             setattr(args, key, value)

@@ -94,7 +94,7 @@ class TorchNNSeq2Seq(nn.Module):
 
     def decode(self, memory: Tensor, src_pad: Tensor, tgt_in: Tensor) -> Tensor:
         length = tgt_in.size(1)
-        future = torch.triu(torch.ones(length, length, dtype=torch.bool), 1)
+        future = torch.triu(torch.ones(length, length, dtype=torch.bool, device=tgt_in.device), 1)
         return self.transformer.decoder(
             self.embed(self.tgt_emb, tgt_in),
             memory,
@@ -130,8 +130,17 @@ class TorchNNPeer(Peer):
         return padded_cross_entropy(self.model(src, tgt_in), labels)
 
     def greedy(self, src: Tensor, n: int) -> Tensor:
-        memory, src_pad = self.model.encode(src)
-        out = torch.full((src.size(0), 1), BOS, dtype=torch.long)
+        # The encoder's inference fast path fails under autocast (mixed dtypes): bf16 runs
+        # take the regular path, as a user would have to.
+        fastpath = torch.backends.mha.get_fastpath_enabled()
+        torch.backends.mha.set_fastpath_enabled(
+            fastpath and not torch.is_autocast_enabled(src.device.type)
+        )
+        try:
+            memory, src_pad = self.model.encode(src)
+        finally:
+            torch.backends.mha.set_fastpath_enabled(fastpath)
+        out = torch.full((src.size(0), 1), BOS, dtype=torch.long, device=src.device)
         for _ in range(n):
             states = self.model.decode(memory, src_pad, out)  # (B, t, D)
             logits = self.model.generator(states[:, -1])  # (B, V)
@@ -285,7 +294,7 @@ class XTransformersPeer(Peer):
 
     def greedy(self, src: Tensor, n: int) -> Tensor:
         # x-transformers' generate has no end token unless one is given: exactly n tokens
-        start = torch.full((src.size(0), 1), BOS, dtype=torch.long)
+        start = torch.full((src.size(0), 1), BOS, dtype=torch.long, device=src.device)
         return self.model.generate(src, start, n, mask=src != PAD, temperature=0.0, cache_kv=True)
 
 

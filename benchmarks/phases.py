@@ -1,5 +1,8 @@
 """The measurements. Each runs in a fresh worker process (see `bench.py`) and returns a dict.
 
+Every phase runs on `args.device` (cpu or cuda) in `args.dtype`: fp32, or bf16 under
+`torch.autocast` (weights stay fp32, matmuls and attention run in bf16), the peak in the same.
+
 peak      fp32 matmul GFLOP/s, the denominator of MFU
 train     target tokens/s on the identical batches (qkv: also on its bucketed batches)
 decode    greedy and beam sentences/s, batch 64, exactly n new tokens
@@ -9,6 +12,7 @@ pair      qkv and one peer in one process, their steps interleaved AB BA AB ...
 
 from __future__ import annotations
 
+import contextlib
 import math
 import resource
 import statistics
@@ -22,31 +26,75 @@ from workload import PAD, SHAPES, Shape, make_sources, make_train_batches, pad_b
 Batch = dict[str, torch.Tensor]
 
 
-def build(name: str, shape: Shape) -> Any:
-    """qkv or a peer, with the same interface."""
+def device_of(args: Any) -> torch.device:
+    return torch.device(getattr(args, "device", "cpu"))
+
+
+def matmul_dtype(args: Any) -> torch.dtype:
+    return torch.bfloat16 if getattr(args, "dtype", "fp32") == "bf16" else torch.float32
+
+
+def autocast(args: Any) -> contextlib.AbstractContextManager[Any]:
+    """bf16 autocast on the phase's device, or nothing for fp32."""
+    if matmul_dtype(args) == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_of(args).type, dtype=torch.bfloat16)
+
+
+def sync(args: Any) -> None:
+    """Wait for the device to finish what was queued (a no-op on the CPU)."""
+    if device_of(args).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def build(name: str, shape: Shape, args: Any = None) -> Any:
+    """qkv or a peer, with the same interface, on the phase's device."""
     if name == "qkv":
         from qkv_side import QkvSystem
 
-        return QkvSystem(shape)
-    from peers import build_peer
+        system: Any = QkvSystem(shape)
+    else:
+        from peers import build_peer
 
-    return build_peer(name, shape)
+        system = build_peer(name, shape)
+    system.model.to(device_of(args))
+    return system
+
+
+def memory(args: Any) -> dict[str, float]:
+    """Peak host RSS, and on a GPU the peak of memory allocated by torch, in MB."""
+    out = {"peak_rss_mb": peak_rss_mb()}
+    if device_of(args).type == "cuda":
+        out["peak_device_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    return out
 
 
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def probe_gflops(n: int) -> float:
-    """Best of 5 fp32 n^3 matmuls (n = 1024 by default): shows when a core was taken."""
-    a, b, c = torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)
+def probe_gflops(n: int, args: Any = None) -> float:
+    """Best of 5 n^3 matmuls (n = 1024 by default): shows when a core was taken."""
+    return best_gflops(n, n, n, 5, args)
+
+
+def best_gflops(m: int, k: int, n: int, repeats: int, args: Any = None) -> float:
+    """GFLOP/s of the best of `repeats` (m, k) x (k, n) matmuls on the phase's device and dtype."""
+    options = {"device": device_of(args), "dtype": matmul_dtype(args)}
+    a, b, c = (
+        torch.randn(m, k, **options),
+        torch.randn(k, n, **options),
+        torch.empty(m, n, **options),
+    )
     torch.mm(a, b, out=c)
+    sync(args)
     best = math.inf
-    for _ in range(5):
+    for _ in range(repeats):
         start = time.perf_counter()
         torch.mm(a, b, out=c)
+        sync(args)
         best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best / 1e9
+    return 2 * m * k * n / best / 1e9
 
 
 def params(system: Any) -> dict[str, int]:
@@ -61,21 +109,23 @@ def params(system: Any) -> dict[str, int]:
 
 def train_batches(args: Any, shape: Shape) -> list[Batch]:
     batches = make_train_batches(args.warmup + args.steps, args.batch_tokens, args.seed + 1, shape)
-    return [{k: torch.from_numpy(v) for k, v in b.items()} for b in batches]
+    device = device_of(args)
+    return [{k: torch.from_numpy(v).to(device) for k, v in b.items()} for b in batches]
 
 
 def n_targets(batches: list[Batch]) -> int:
     return sum(int((b["labels"] != PAD).sum()) for b in batches)
 
 
-def step_function(system: Any, lr: float) -> Callable[[Batch], float]:
-    """One optimiser step on a batch; returns the loss."""
+def step_function(system: Any, lr: float, args: Any = None) -> Callable[[Batch], float]:
+    """One optimiser step on a batch; returns the loss (reading it waits for the device)."""
     optimizer = system.optimizer(lr)
     system.model.train()
 
     def step(batch: Batch) -> float:
         optimizer.zero_grad(set_to_none=True)
-        loss = system.loss(batch["src"], batch["tgt_in"], batch["labels"])
+        with autocast(args):
+            loss = system.loss(batch["src"], batch["tgt_in"], batch["labels"])
         loss.backward()
         optimizer.step()
         return float(loss.detach())
@@ -120,40 +170,36 @@ def phase_peak(args: Any) -> dict[str, Any]:
         if args.shape == "base"
         else [(256, 256, 256, 3)]
     )
-    shapes = {}
-    for m, k, n, reps in sizes:
-        a, b, c = torch.randn(m, k), torch.randn(k, n), torch.empty(m, n)
-        torch.mm(a, b, out=c)
-        best = math.inf
-        for _ in range(reps):
-            start = time.perf_counter()
-            torch.mm(a, b, out=c)
-            best = min(best, time.perf_counter() - start)
-        shapes[f"{m}x{k}x{n}"] = 2 * m * k * n / best / 1e9
+    if device_of(args).type == "cuda" and args.shape == "base":
+        sizes.append((8192, 8192, 8192, 4))
+    shapes = {f"{m}x{k}x{n}": best_gflops(m, k, n, reps, args) for m, k, n, reps in sizes}
     return {
         "gflops": shapes,
         "peak_gflops": max(shapes.values()),
-        "probe_gflops": [probe_gflops(args.probe_size)],
+        "probe_gflops": [probe_gflops(args.probe_size, args)],
+        "device": str(device_of(args)),
+        "dtype": str(matmul_dtype(args)),
     }
 
 
 def phase_train(args: Any) -> dict[str, Any]:
     shape = SHAPES[args.shape]
     torch.manual_seed(args.seed)
-    probes = [probe_gflops(args.probe_size)]
-    system = build(args.system, shape)
+    probes = [probe_gflops(args.probe_size, args)]
+    system = build(args.system, shape, args)
     batches = train_batches(args, shape)
-    step = step_function(system, args.lr)
+    step = step_function(system, args.lr, args)
     result = {"system": args.system, "meta": system.meta, "params": params(system)}
     result["identical"] = timed_rounds(
         step, batches[: args.warmup], batches[args.warmup :], args.repeats
     )
-    probes.append(probe_gflops(args.probe_size))
+    probes.append(probe_gflops(args.probe_size, args))
     if args.system == "qkv":
         from qkv_side import bucketed_batches
 
+        device = device_of(args)
         bucketed = [
-            {"src": b.src, "tgt_in": b.tgt_in, "labels": b.labels}
+            {"src": b.src.to(device), "tgt_in": b.tgt_in.to(device), "labels": b.labels.to(device)}
             for b in bucketed_batches(
                 [{k: v.numpy() for k, v in b.items()} for b in batches], args.seed
             )
@@ -161,55 +207,64 @@ def phase_train(args: Any) -> dict[str, Any]:
         result["bucketed"] = timed_rounds(
             step, bucketed[: args.warmup], bucketed[args.warmup :], args.repeats
         )
-        probes.append(probe_gflops(args.probe_size))
-    result.update(peak_rss_mb=peak_rss_mb(), probe_gflops=probes, threads=torch.get_num_threads())
+        probes.append(probe_gflops(args.probe_size, args))
+    result.update(**memory(args), probe_gflops=probes, threads=torch.get_num_threads())
     return result
 
 
 def decode_batches(args: Any, shape: Shape) -> list[torch.Tensor]:
     sources = make_sources(args.sentences, args.seed + 2, shape)
     return [
-        torch.from_numpy(pad_batch(sources[i : i + args.infer_batch]))
+        torch.from_numpy(pad_batch(sources[i : i + args.infer_batch])).to(device_of(args))
         for i in range(0, len(sources), args.infer_batch)
     ]
 
 
 def time_decoding(
-    fn: Callable[[torch.Tensor], torch.Tensor], batches: list[torch.Tensor], n: int
+    fn: Callable[[torch.Tensor], torch.Tensor], batches: list[torch.Tensor], n: int, args: Any
 ) -> float:
     start = time.perf_counter()
     for batch in batches:
-        out = fn(batch)
+        with autocast(args):
+            out = fn(batch)
         assert out.shape == (batch.size(0), n), (tuple(out.shape), n)
+    sync(args)
     return time.perf_counter() - start
 
 
 def phase_decode(args: Any) -> dict[str, Any]:
     shape = SHAPES[args.shape]
     torch.manual_seed(args.seed)
-    probes = [probe_gflops(args.probe_size)]
-    system = build(args.system, shape)
+    probes = [probe_gflops(args.probe_size, args)]
+    system = build(args.system, shape, args)
     system.model.eval()
     batches = decode_batches(args, shape)
     sentences = sum(b.size(0) for b in batches)
     result: dict[str, Any] = {"system": args.system, "meta": system.meta}
     with torch.inference_mode():
-        system.greedy(batches[0][:4], 3)  # warm-up
+        with autocast(args):
+            system.greedy(batches[0][:4], 3)  # warm-up
         seconds = [
-            time_decoding(lambda b: system.greedy(b, args.new_tokens), batches, args.new_tokens)
+            time_decoding(
+                lambda b: system.greedy(b, args.new_tokens), batches, args.new_tokens, args
+            )
             for _ in range(args.decode_repeats)
         ]
         result["greedy"] = {
             "sentences_per_s": sentences / statistics.median(seconds),
             "seconds": seconds,
         }
-        result["peak_rss_mb_greedy"] = peak_rss_mb()
-        probes.append(probe_gflops(args.probe_size))
+        result.update({f"{k}_greedy": v for k, v in memory(args).items()})
+        probes.append(probe_gflops(args.probe_size, args))
         if args.beam and hasattr(system, "beam"):
-            system.beam(batches[0][:2], 3, args.beam)
+            with autocast(args):
+                system.beam(batches[0][:2], 3, args.beam)
             seconds = [
                 time_decoding(
-                    lambda b: system.beam(b, args.new_tokens, args.beam), batches, args.new_tokens
+                    lambda b: system.beam(b, args.new_tokens, args.beam),
+                    batches,
+                    args.new_tokens,
+                    args,
                 )
                 for _ in range(max(1, args.decode_repeats // 2))
             ]
@@ -218,12 +273,12 @@ def phase_decode(args: Any) -> dict[str, Any]:
                 "seconds": seconds,
                 "sentences_per_s": sentences / statistics.median(seconds),
             }
-            probes.append(probe_gflops(args.probe_size))
+            probes.append(probe_gflops(args.probe_size, args))
     result.update(
         sentences=sentences,
         batch=args.infer_batch,
         new_tokens=args.new_tokens,
-        peak_rss_mb=peak_rss_mb(),
+        **memory(args),
         probe_gflops=probes,
     )
     return result
@@ -236,20 +291,20 @@ def phase_pair(args: Any) -> dict[str, Any]:
     shape = SHAPES[args.shape]
     torch.manual_seed(args.seed)
     names = ["qkv", args.peer]
-    probes = [probe_gflops(args.probe_size)]
-    systems = [build(n, shape) for n in names]
+    probes = [probe_gflops(args.probe_size, args)]
+    systems = [build(n, shape, args) for n in names]
     result: dict[str, Any] = {"a": names[0], "b": names[1], "pair_part": args.pair_part}
     if args.pair_part == "train":
         result["train"] = _pair_train(args, shape, systems)
     else:
         result["decode"] = _pair_decode(args, shape, systems)
-    result["probe_gflops"] = [*probes, probe_gflops(args.probe_size)]
+    result["probe_gflops"] = [*probes, probe_gflops(args.probe_size, args)]
     return result
 
 
 def _pair_train(args: Any, shape: Shape, systems: list[Any]) -> dict[str, Any]:
     batches = train_batches(args, shape)
-    steps = [step_function(s, args.lr) for s in systems]
+    steps = [step_function(s, args.lr, args) for s in systems]
     for batch in batches[: args.warmup]:
         for step in steps:
             step(batch)
@@ -277,13 +332,16 @@ def _pair_decode(args: Any, shape: Shape, systems: list[Any]) -> dict[str, Any]:
     with torch.inference_mode():
         for system in systems:
             system.model.eval()
-            system.greedy(batches[0][:4], 3)
+            with autocast(args):
+                system.greedy(batches[0][:4], 3)
         for kind, run in kinds:
             seconds: list[list[float]] = [[], []]
             for index, batch in enumerate(batches):
                 for side in (0, 1) if index % 2 == 0 else (1, 0):
                     start = time.perf_counter()
-                    run(systems[side], batch)
+                    with autocast(args):
+                        run(systems[side], batch)
+                    sync(args)
                     seconds[side].append(time.perf_counter() - start)
             sentences = sum(b.size(0) for b in batches)
             out[kind] = {

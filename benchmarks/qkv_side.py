@@ -103,13 +103,13 @@ class QkvSystem:
 
     def greedy(self, src: Tensor, n: int) -> Tensor:
         decoder = NoEndDecoder(ModelDecoder(self.model, src, n))
-        budget = torch.full((src.size(0),), n, dtype=torch.long)
+        budget = torch.full((src.size(0),), n, dtype=torch.long, device=src.device)
         found = greedy_search(decoder, src.size(0), budget, BOS, EOS)
         return torch.tensor(found, dtype=torch.long)  # (B, n)
 
     def beam(self, src: Tensor, n: int, k: int) -> Tensor:
         decoder = NoEndDecoder(ModelDecoder(self.model, src, n))
-        budget = torch.full((src.size(0),), n, dtype=torch.long)
+        budget = torch.full((src.size(0),), n, dtype=torch.long, device=src.device)
         found = beam_search(decoder, src.size(0), k, budget, BEAM_ALPHA, BOS, EOS)
         return torch.tensor([hyps[0].tokens for hyps in found], dtype=torch.long)  # (B, n)
 

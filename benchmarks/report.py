@@ -30,10 +30,13 @@ def figures(name: str, r: dict[str, Any], peak: float | None) -> dict[str, float
         "mfu_bucketed": mfu(bucketed),
         "greedy": decode.get("greedy", {}).get("sentences_per_s"),
         "beam": decode.get("beam", {}).get("sentences_per_s"),
-        "rss_train": train.get("peak_rss_mb"),
-        "rss_greedy": decode.get("peak_rss_mb_greedy"),
+        # host RSS, or on a GPU the memory torch allocated there
+        "rss_train": train.get("peak_device_mb", train.get("peak_rss_mb")),
+        "rss_greedy": decode.get("peak_device_mb_greedy", decode.get("peak_rss_mb_greedy")),
         # the process ran greedy first: its peak after beam search is the beam search's
-        "rss_beam": decode.get("peak_rss_mb") if "beam" in decode else None,
+        "rss_beam": decode.get("peak_device_mb", decode.get("peak_rss_mb"))
+        if "beam" in decode
+        else None,
         "non_embedding": n,
         "train_contended": train.get("contended"),
         "decode_contended": decode.get("contended"),
@@ -44,10 +47,11 @@ def table(results: dict[str, Any]) -> list[str]:
     peak = results["peak"].get("peak_gflops")
     rows = {name: figures(name, r, peak) for name, r in results["systems"].items()}
     k = results["args"]["beam"]
+    memory_kind = "device memory" if results["args"].get("device") == "cuda" else "RSS"
     lines = [
         f"| system | non-emb params | train tok/s, identical batches | MFU | "
         f"train tok/s, qkv bucketed batches (MFU) | greedy sent/s | beam-{k} sent/s | "
-        f"peak RSS MB train / greedy / beam-{k} |",
+        f"peak {memory_kind} MB train / greedy / beam-{k} |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, f in rows.items():
@@ -223,7 +227,10 @@ def render(results: dict[str, Any]) -> str:
         "",
         *load_lines(results),
         "",
-        f"Matmul peak (fp32, best square torch.mm): **{fmt(peak, 1)} GFLOP/s**. "
+        f"Device {a.get('device', 'cpu')}, {a.get('dtype', 'fp32')}"
+        + (" (torch.autocast)" if a.get("dtype") == "bf16" else "")
+        + f". Matmul peak ({a.get('dtype', 'fp32')}, best square torch.mm): "
+        f"**{fmt(peak, 1)} GFLOP/s**. "
         "MFU = 6 × non-embedding parameters × non-pad target tokens/s / peak.",
         "",
         f"Training: {a['warmup']} warm-up + {a['steps']} timed steps of ≥{a['batch_tokens']} "

@@ -113,3 +113,28 @@ def test_qkv_side_and_installed_peers_report_every_field(bench: object, tmp_path
     markdown = out_md.read_text()
     assert "| qkv |" in markdown and "train tok/s, identical batches" in markdown
     assert "### Where a qkv decoding step goes" in markdown
+
+
+def test_bf16_runs_every_system_under_autocast(bench: object, tmp_path: Path) -> None:
+    """The GPU configuration's dtype path, on the CPU: every system trains and decodes."""
+    from peers import PEERS, available
+
+    out_json, out_md = tmp_path / "bench.json", tmp_path / "bench.md"
+    peers = [p for p in PEERS if available(p)]
+    options = ["--dtype", "bf16", "--peers", ",".join(peers), "--no-pair", "--no-profile"]
+    bench.main([*TINY, *options, "--json", str(out_json), "--md", str(out_md)])  # type: ignore[attr-defined]
+    results = json.loads(out_json.read_text())
+    assert results["peak"]["dtype"] == "torch.bfloat16" and results["peak"]["peak_gflops"] > 0
+    for name, system in results["systems"].items():
+        assert system["train"]["identical"]["loss_finite"], name
+        assert system["decode"]["greedy"]["sentences_per_s"] > 0, name
+    assert "Device cpu, bf16 (torch.autocast)" in out_md.read_text()
+
+
+def test_cuda_without_a_gpu_is_refused(bench: object) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    with pytest.raises(SystemExit, match="no CUDA device"):
+        bench.main([*TINY, "--device", "cuda"])  # type: ignore[attr-defined]
