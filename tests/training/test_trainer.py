@@ -7,7 +7,7 @@ import os
 import random
 import shutil
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +26,7 @@ CPU = torch.device("cpu")
 N_BATCHES = 7  # batches per epoch; not a multiple of eval_every, so epochs and checkpoints cross
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """Tiny models run fastest on one thread, above all on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class ToyTask:
