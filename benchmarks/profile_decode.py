@@ -67,7 +67,7 @@ def timers(system: Any) -> Iterator[dict[str, float]]:
         wrap(layer.ffn, "forward", "    feed-forward")
         for norm in (layer.self_attn_norm, layer.cross_attn_norm, layer.ffn_norm):
             wrap(norm, "forward", "    layer norms")
-    wrap(attention_module, "step_attention", "    attention over the caches")
+    wrap(attention_module, "eager_attention", "    attention over the caches")
     wrap(KVCache, "append", "    cache append")
     seconds[OUTPUT] += 0.0  # the model step less its decoder layers
     wrap(DecoderCache, "select", REORDER)

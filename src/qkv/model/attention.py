@@ -1,9 +1,9 @@
 """Multi-head scaled dot-product attention: softmax(Q K^T / sqrt(K)) V, in H heads.
 
-Three paths, one module: the fused `F.scaled_dot_product_attention` for speed, an eager path
-that also returns the per-head softmax weights (for pictures and tests), and, for incremental
-decoding (a few query positions per row against a cache), two batched matmuls that read the
-cache in place. All compute the same numbers (tested). Projections are packed: one (D -> 3D)
+Two paths, one module: the fused `F.scaled_dot_product_attention` for training and scoring,
+and an eager path of two batched matmuls that also returns the per-head softmax weights (for
+pictures and tests) and serves incremental decoding, where a few queries per row attend to a
+cache. Both compute the same numbers (tested). Projections are packed: one (D -> 3D)
 matmul for self-attention, one (D -> 2D) for the keys and values of cross-attention, both
 slices of one `in_proj` weight, laid out like `torch.nn.MultiheadAttention`'s
 `in_proj_weight` (rows: query, key, value).
@@ -74,20 +74,20 @@ class MultiHeadAttention(nn.Module):
             q: (B, H, T, K); k, v: (B, H, S, K).
             mask: bool, True = may attend, broadcastable to (B, H, T, S), or None.
             need_weights: also return the softmax weights (eager path).
-            incremental: T is a few decoding steps and k, v are cached (`step_attention`).
+            incremental: T is a few decoding steps and k, v are cached (eager path, faster
+                there; see `eager_attention`).
 
         Returns:
             output (B, T, D) and weights (B, H, T, S) or None. Rows with nothing to attend
             to give zeros.
         """
         dropout_p = self.dropout if self.training else 0.0
-        if need_weights:
-            context, weights = eager_attention(q, k, v, mask, dropout_p)  # (B, H, T, K)
-        elif incremental and dropout_p == 0.0:
-            context, weights = step_attention(q, k, v, mask), None  # (B, H, T, K)
+        weights: Tensor | None = None
+        if need_weights or incremental:
+            context, all_weights = eager_attention(q, k, v, mask, dropout_p)  # (B, H, T, K)
+            weights = all_weights if need_weights else None
         else:
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-            weights = None
         batch, _, length, _ = context.shape
         merged = context.transpose(1, 2).reshape(batch, length, self.d_model)  # (B, T, D)
         return self.out_proj(merged), weights
@@ -166,7 +166,12 @@ class MultiHeadAttention(nn.Module):
 def eager_attention(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float = 0.0
 ) -> tuple[Tensor, Tensor]:
-    """softmax(Q K^T / sqrt(K)) V written out, returning the weights too.
+    """softmax(Q K^T / sqrt(K)) V written out as two batched matmuls, returning the weights too.
+
+    It serves pictures and tests (the weights), and incremental decoding: at one query per row
+    (or the W beams of a sentence as W queries of their source, see `DecoderCache`) the fused
+    kernel costs more than it saves, and `bmm` reads the cached keys and values in place, since
+    a cache slice (B, H, S, K) of a (B, H, S_max, K) buffer merges its B and H without a copy.
 
     Args:
         q: (B, H, T, K); k, v: (B, H, S, K); mask: bool broadcastable to (B, H, T, S).
@@ -174,40 +179,17 @@ def eager_attention(
     Returns:
         context (B, H, T, K) and weights (B, H, T, S); fully masked rows get zero weights.
     """
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, T, S)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # (B, H, T, S)
-    dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
-    return dropped @ v, weights  # (B, H, T, K), (B, H, T, S)
-
-
-def step_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-    """softmax(Q K^T / sqrt(K)) V for a few query positions, as two batched matmuls.
-
-    During incremental decoding each row has one query (or the W beams of a sentence share
-    their source's keys, see `DecoderCache`). At such shapes the fused kernel costs more than
-    it saves, and `bmm` reads the cached keys and values in place: a cache slice
-    (B, H, S, K) of a (B, H, S_max, K) buffer merges its B and H without a copy.
-
-    Args:
-        q: (B, H, T, K), T small; k, v: (B, H, S, K) whose first two dimensions merge as a view.
-        mask: bool, True = may attend, broadcastable to (B, H, T, S), or None.
-
-    Returns:
-        context (B, H, T, K); rows with nothing to attend to give zeros.
-    """
     batch, heads, length, head_dim = q.shape
     n_keys = k.size(2)
     scores = torch.bmm(
         q.reshape(batch * heads, length, head_dim),
         k.reshape(batch * heads, n_keys, head_dim).transpose(1, 2),
-    ).view(batch, heads, length, n_keys)  # (B, H, T, S)
-    scores = scores * (1.0 / math.sqrt(head_dim))
+    ).view(batch, heads, length, n_keys) / math.sqrt(head_dim)  # (B, H, T, S)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # (B, H, T, S)
+    dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
     context = torch.bmm(
-        weights.view(batch * heads, length, n_keys), v.reshape(batch * heads, n_keys, head_dim)
+        dropped.reshape(batch * heads, length, n_keys), v.reshape(batch * heads, n_keys, head_dim)
     )  # (B * H, T, K)
-    return context.view(batch, heads, length, head_dim)
+    return context.view(batch, heads, length, head_dim), weights
