@@ -12,8 +12,14 @@ import torch
 from torch import Tensor
 
 from qkv.errors import ConfigError
-from qkv.inference.beam import Hypothesis, _parents_in_place, beam_search, length_penalty
-from qkv.inference.search import filter_logits, greedy_search, sample
+from qkv.inference.beam import (
+    Hypothesis,
+    _parents_in_place,
+    beam_search,
+    length_penalty,
+    topk_by_blocks,
+)
+from qkv.inference.search import _argmax, filter_logits, greedy_search, sample
 
 PAD, BOS, EOS, TOK_A, TOK_B = range(5)  # toy vocabulary; BOS and EOS match qkv.data.special
 VOCAB_SIZE = 5
@@ -314,3 +320,45 @@ def test_beams_are_arranged_so_each_parent_keeps_its_slot(seed: int) -> None:
         assert sorted(slots) == sorted(row)
         assert all(slots[p] == p for p in set(row))  # a child of p sits in slot p
     assert arranged[1].tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("shape", [(64, 8000), (3, 17), (5, 1), (0, 9)])
+def test_argmax_equals_torch_argmax(shape: tuple[int, int]) -> None:
+    logits = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(_argmax(logits), logits.argmax(dim=-1))
+    assert torch.equal(_argmax(logits.t().contiguous().t()), logits.argmax(dim=-1))  # a view
+
+
+def test_argmax_takes_the_first_of_equal_maxima_and_handles_inf_and_nan() -> None:
+    logits = torch.tensor(
+        [
+            [0.0, 3.0, 1.0, 3.0],
+            [-math.inf, -math.inf, -math.inf, -math.inf],
+            [-math.inf, 2.0, math.inf, math.inf],
+            [0.0, math.nan, 1.0, 0.0],
+        ]
+    )
+    found = _argmax(logits)
+    assert found[:3].tolist() == logits[:3].argmax(dim=-1).tolist() == [1, 0, 2]
+    assert 0 <= int(found[3]) < 4  # NaN: an index in range, never past the vocabulary
+
+
+@pytest.mark.parametrize(
+    ("rows", "length", "k"), [(64, 40000, 10), (5, 64 * 30 + 7, 10), (2, 300, 4), (3, 20, 6)]
+)
+def test_topk_by_blocks_equals_topk(rows: int, length: int, k: int) -> None:
+    values = torch.randn(rows, length, generator=torch.Generator().manual_seed(length))
+    values[0, : length // 2] = -math.inf  # a masked half, as EOS or missing beams give
+    expected = values.topk(k, dim=1)
+    top_values, top_index = topk_by_blocks(values, k)
+    assert torch.equal(top_values, expected.values)
+    assert torch.equal(top_index, expected.indices)
+
+
+def test_topk_by_blocks_finds_values_in_one_block_and_in_the_tail() -> None:
+    values = torch.zeros(1, 64 * 40 + 5)
+    values[0, 64 * 7 : 64 * 7 + 6] = torch.arange(10.0, 16.0)  # six in one block
+    values[0, -1] = 20.0  # the best in the tail that fills no block
+    top_values, top_index = topk_by_blocks(values, 7)
+    assert top_values.tolist() == [[20.0, 15.0, 14.0, 13.0, 12.0, 11.0, 10.0]]
+    assert top_index.tolist() == [[64 * 40 + 4] + [64 * 7 + i for i in range(5, -1, -1)]]

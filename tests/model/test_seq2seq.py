@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from qkv.model.frozen_linear import FrozenLinear
 from qkv.model.seq2seq import Seq2SeqTransformer
 from tests.model.helpers import random_ids, tiny_config
 
@@ -64,15 +65,20 @@ def test_all_padding_source_is_finite(model: Seq2SeqTransformer) -> None:
     assert torch.isfinite(model(src, random_ids(2, 3))).all()
 
 
-@pytest.mark.parametrize("rows", [3, 70])  # few rows: logits computed transposed (CPU)
-def test_cached_decoding_equals_full_forward(model: Seq2SeqTransformer, rows: int) -> None:
+@pytest.mark.parametrize("frozen", [False, True])
+@pytest.mark.parametrize("rows", [3, 70])
+def test_cached_decoding_equals_full_forward(
+    model: Seq2SeqTransformer, rows: int, frozen: bool
+) -> None:
     src = random_ids(rows, 6)
     src[1, 4:] = 0
     tgt = random_ids(rows, 7)
     full = model(src, tgt)  # (B, T, V)
-    memory, src_mask, _ = model.encode(src)
-    cache = model.init_cache(memory, src_mask, max_len=7)
-    steps = [model.decode_step(tgt[:, t], cache) for t in range(7)]
+    with torch.inference_mode():  # where the frozen output projection applies
+        memory, src_mask, _ = model.encode(src)
+        cache = model.init_cache(memory, src_mask, max_len=7)
+        output = FrozenLinear(model.output, rows) if frozen else None
+        steps = [model.decode_step(tgt[:, t], cache, output) for t in range(7)]
     torch.testing.assert_close(torch.stack(steps, dim=1), full, atol=1e-5, rtol=1e-5)
 
 

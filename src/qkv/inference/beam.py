@@ -224,9 +224,43 @@ def _top_candidates(
     if candidates.size(1) < 2 * beam_size:
         missing = 2 * beam_size - candidates.size(1)
         candidates = F.pad(candidates, (0, missing), value=-torch.inf)  # (B', 2W)
-    top_scores, top_index = candidates.topk(2 * beam_size, dim=1)  # (B', 2W)
+    top_scores, top_index = topk_by_blocks(candidates, 2 * beam_size)  # (B', 2W)
     top_beams = (top_index // vocab_size).clamp(max=width - 1)  # (B', 2W)
     return top_scores, top_beams, top_index % vocab_size
+
+
+def topk_by_blocks(values: Tensor, k: int, block: int = 64) -> tuple[Tensor, Tensor]:
+    """`values.topk(k, dim=1)` (sorted, largest first) for long rows, faster on the CPU.
+
+    Cut each row into blocks: the k largest values all lie in the k blocks with the largest
+    maxima (any other value is at most the k-th largest block maximum, and those k blocks hold
+    k values at least as large). So only those blocks, and the row's tail that fills no whole
+    block, go through `topk`. The block maxima come from `amax`, a vectorised pass over the
+    row, where CPU `topk` over a (64, 5 x 8,000) beam step takes ten times as long. Equal
+    values may be picked in another order than `topk` would.
+
+    Args:
+        values: (R, L).
+        k: how many to keep, at most L.
+        block: values per block.
+
+    Returns:
+        The k largest values of each row (R, k) and their column indices (R, k) long.
+    """
+    rows, length = values.shape
+    blocks = length // block
+    if values.device.type != "cpu" or blocks <= 2 * k:  # too few blocks to save work
+        top_values, top_index = values.topk(k, dim=1)
+        return top_values, top_index
+    whole = blocks * block
+    maxima = values[:, :whole].view(rows, blocks, block).amax(dim=2)  # (R, blocks)
+    best_blocks = maxima.topk(k, dim=1).indices  # (R, k)
+    offsets = torch.arange(block, device=values.device)  # (block,)
+    columns = (best_blocks[:, :, None] * block + offsets).view(rows, k * block)  # (R, k * block)
+    tail = torch.arange(whole, length, device=values.device).expand(rows, -1)  # (R, L - whole)
+    columns = torch.cat([columns, tail], dim=1)  # (R, C)
+    top_values, picked = values.gather(1, columns).topk(k, dim=1)  # (R, k)
+    return top_values, columns.gather(1, picked)
 
 
 def _parents_in_place(parents: Tensor) -> Tensor:

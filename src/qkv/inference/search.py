@@ -169,7 +169,20 @@ def _check_lengths(batch_size: int, max_lengths: Tensor) -> None:
 
 
 def _argmax(logits: Tensor) -> Tensor:
-    return logits.argmax(dim=-1)  # (N,) the same as the argmax of the log-probabilities
+    """The first index of each row's maximum, (N,) long: `logits.argmax(dim=-1)`, faster.
+
+    The maximum of the logits is that of the log-probabilities. On the CPU, `argmax` keeps an
+    index beside every value it compares and runs about ten times slower than `amax`; here
+    `amax` finds the maxima and a second vectorised pass the first column that holds one.
+    A row with a NaN picks the last token.
+    """
+    vocab_size = logits.size(-1)
+    if logits.device.type != "cpu" or logits.dtype != torch.float32 or vocab_size > 2**24:
+        return logits.argmax(dim=-1)  # (N,) (column numbers must be exact floats below)
+    columns = torch.arange(vocab_size, dtype=torch.float32)  # (V,)
+    best = logits.amax(dim=-1, keepdim=True)  # (N, 1)
+    first = torch.where(logits == best, columns, vocab_size).amin(dim=-1)  # (N,)
+    return first.long().clamp_(max=vocab_size - 1)  # (N,)
 
 
 def _decode_paths(

@@ -181,13 +181,18 @@ def eager_attention(
     """
     batch, heads, length, head_dim = q.shape
     n_keys = k.size(2)
-    scores = torch.bmm(
+    scores = torch.baddbmm(  # the scale applied inside the matmul, as its alpha
+        q.new_zeros(()),
         q.reshape(batch * heads, length, head_dim),
         k.reshape(batch * heads, n_keys, head_dim).transpose(1, 2),
-    ).view(batch, heads, length, n_keys) / math.sqrt(head_dim)  # (B, H, T, S)
+        beta=0.0,
+        alpha=1.0 / math.sqrt(head_dim),
+    ).view(batch, heads, length, n_keys)  # (B, H, T, S)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # (B, H, T, S)
+    weights = torch.softmax(scores, dim=-1)  # (B, H, T, S)
+    if mask is not None:  # a row with every key masked is NaN: zeros instead
+        weights = weights.nan_to_num(0.0)
     dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
     context = torch.bmm(
         dropped.reshape(batch * heads, length, n_keys), v.reshape(batch * heads, n_keys, head_dim)

@@ -9,6 +9,7 @@ from qkv.model.config import ModelConfig
 from qkv.model.decoder import Decoder
 from qkv.model.embedding import TokenEmbedding, make_embeddings
 from qkv.model.encoder import Encoder
+from qkv.model.frozen_linear import FrozenLinear
 from qkv.model.init import xavier_init
 from qkv.model.kv_cache import DecoderCache, KVCache
 from qkv.model.maps import AttentionMaps
@@ -99,19 +100,17 @@ class Seq2SeqTransformer(nn.Module):
         ]
         return DecoderCache(self_attn, [k for k, _ in cross], [v for _, v in cross], src_mask)
 
-    def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
+    def decode_step(
+        self, tokens: Tensor, cache: DecoderCache, output: FrozenLinear | None = None
+    ) -> Tensor:
         """tokens (N,), the newest of each row -> next-token logits (N, V).
 
-        On the CPU, with few rows (N <= 64), the logits are computed as (V, D) @ (D, N) and
-        returned as a transposed view: the BLAS then splits the vocabulary rather than the rows
-        between threads and reads the output weight once (greedy decoding of 64 rows is ~8 %
-        faster; with more rows the usual order wins). Same numbers either way.
+        Args:
+            output: the output projection frozen for decoding (`FrozenLinear`, made once per
+                batch by the caller); None uses `self.output` as it is.
         """
         states = self.decoder.step(tokens[:, None], cache)[:, 0]  # (N, D)
-        weight = self.output.weight  # (V, D)
-        if states.device.type == "cpu" and states.size(0) <= 64 and self.output.bias is None:
-            return torch.mm(weight, states.t()).t()  # (N, V) view of (V, N)
-        return self.output(states)  # (N, V)
+        return self.output(states) if output is None else output(states)  # (N, V)
 
     @torch.no_grad()
     def num_parameters(self, trainable_only: bool = True) -> int:
