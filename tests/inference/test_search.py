@@ -322,25 +322,26 @@ def test_beams_are_arranged_so_each_parent_keeps_its_slot(seed: int) -> None:
     assert arranged[1].tolist() == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize("shape", [(64, 8000), (3, 17), (5, 1), (0, 9)])
+@pytest.mark.parametrize("shape", [(64, 8000), (7, 64 * 20 + 5), (3, 17), (5, 1), (0, 2000)])
 def test_argmax_equals_torch_argmax(shape: tuple[int, int]) -> None:
     logits = torch.randn(shape, generator=torch.Generator().manual_seed(0))
     assert torch.equal(_argmax(logits), logits.argmax(dim=-1))
     assert torch.equal(_argmax(logits.t().contiguous().t()), logits.argmax(dim=-1))  # a view
 
 
-def test_argmax_takes_the_first_of_equal_maxima_and_handles_inf_and_nan() -> None:
-    logits = torch.tensor(
-        [
-            [0.0, 3.0, 1.0, 3.0],
-            [-math.inf, -math.inf, -math.inf, -math.inf],
-            [-math.inf, 2.0, math.inf, math.inf],
-            [0.0, math.nan, 1.0, 0.0],
-        ]
+def test_argmax_takes_the_first_maximum_and_treats_inf_and_nan_as_argmax_does() -> None:
+    vocab = 64 * 20 + 3  # 20 whole chunks and a tail
+    logits = torch.zeros(6, vocab)
+    logits[0, [70, 700, vocab - 1]] = 5.0  # equal maxima in two chunks and the tail
+    logits[1] = -math.inf
+    logits[2, [100, vocab - 2]] = math.inf
+    logits[3, 900] = math.nan
+    logits[4, vocab - 2] = 9.0  # the tail alone holds the maximum
+    assert (
+        _argmax(logits).tolist()
+        == logits.argmax(dim=-1).tolist()
+        == [70, 0, 100, 900, vocab - 2, 0]
     )
-    found = _argmax(logits)
-    assert found[:3].tolist() == logits[:3].argmax(dim=-1).tolist() == [1, 0, 2]
-    assert 0 <= int(found[3]) < 4  # NaN: an index in range, never past the vocabulary
 
 
 @pytest.mark.parametrize(
