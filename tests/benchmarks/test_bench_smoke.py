@@ -49,6 +49,7 @@ def bench(monkeypatch: pytest.MonkeyPatch) -> object:
     monkeypatch.syspath_prepend(str(BENCH_DIR))
     for name in (
         "bench",
+        "gemm_cache",
         "peers",
         "phases",
         "profile_decode",
@@ -138,3 +139,12 @@ def test_cuda_without_a_gpu_is_refused(bench: object) -> None:
         pytest.skip("a GPU is visible")
     with pytest.raises(SystemExit, match="no CUDA device"):
         bench.main([*TINY, "--device", "cuda"])  # type: ignore[attr-defined]
+
+
+def test_gemm_cache_times_the_three_ways(bench: object, capsys: pytest.CaptureFixture[str]) -> None:
+    import gemm_cache
+
+    ways = gemm_cache.main(["--shape", "tiny", "--rows", "2", "--threads", "1"])
+    assert len(ways) == 3
+    assert ways["one at a time (summed)"] > 0 and ways["in sequence"] > 0
+    assert "in sequence" in capsys.readouterr().out
