@@ -38,9 +38,9 @@ class FrozenLinear:
         self.bias = None if linear.bias is None else linear.bias.detach()
 
     def __call__(self, x: Tensor) -> Tensor:
-        """x (M, in) -> (M, out)."""
+        """x (..., in) -> (..., out)."""
         if self.blocked is None or not _applies(x) or torch.is_grad_enabled():
-            return F.linear(x, self.linear.weight, self.linear.bias)  # (M, out)
+            return F.linear(x, self.linear.weight, self.linear.bias)  # (..., out)
         return torch.ops.mkldnn._linear_pointwise(x, self.blocked, self.bias, "none", [], "")
 
 
