@@ -19,7 +19,7 @@ from qkv.inference.beam import (
     length_penalty,
     topk_by_blocks,
 )
-from qkv.inference.search import _argmax, filter_logits, greedy_search, sample
+from qkv.inference.search import _argmax, filter_logits, greedy_search, rows_to_keep, sample
 
 PAD, BOS, EOS, TOK_A, TOK_B = range(5)  # toy vocabulary; BOS and EOS match qkv.data.special
 VOCAB_SIZE = 5
@@ -116,6 +116,19 @@ def test_greedy_stops_at_eos_or_max_length(max_length: int, expected: list[int])
     decoder = ToyDecoder(CLASSIC, [0])
     assert greedy_search(decoder, 1, lengths(max_length)) == [expected]
     assert len(decoder.rows_fed) == min(max_length, 3)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_rows_to_keep_moves_live_rows_only_into_the_places_of_finished_ones(seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    live = torch.rand(int(torch.randint(1, 12, (1,), generator=generator)), generator=generator)
+    live = live < 0.6  # (N,)
+    rows = rows_to_keep(live)  # (N',)
+    count = int(live.sum())
+    assert sorted(rows.tolist()) == live.nonzero().squeeze(1).tolist()  # each live row once
+    stayed = rows == torch.arange(count)  # (N',)
+    assert bool(stayed[live[:count]].all())  # live rows among the first N' stay put
+    assert int((~stayed).sum()) == int((~live[:count]).sum())  # one move per finished row
 
 
 def test_greedy_drops_finished_rows() -> None:

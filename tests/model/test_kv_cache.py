@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from qkv.model.kv_cache import KVCache
@@ -18,8 +19,9 @@ def test_select_copies_the_filled_steps_into_reordered_rows() -> None:
     torch.testing.assert_close(cache.keys[:, :, :2], k[order][[3, 0]])
 
 
-def test_beams_share_cross_attention_entries_and_decode_like_the_full_forward() -> None:
-    model = Seq2SeqTransformer(tiny_config()).eval()
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "under autograd"])
+def test_beams_share_cross_attention_entries_and_decode_like_the_full_forward(grad: bool) -> None:
+    model = Seq2SeqTransformer(tiny_config()).eval().requires_grad_(grad)
     src = random_ids(3, 6)
     src[1, 4:] = 0
     memory, src_mask, _ = model.encode(src)
@@ -40,7 +42,7 @@ def test_beams_share_cross_attention_entries_and_decode_like_the_full_forward() 
         cache.select(index)
         sources, history = sources[index], history[index]
 
-    with torch.no_grad():
+    with torch.set_grad_enabled(grad):
         step_and_check()
         select([0, 0, 1, 1, 2, 2])  # beam expansion: 3 groups of 2 rows
         assert cache.group_size == 2 and cache.cross_keys[0].size(0) == 3
@@ -49,8 +51,11 @@ def test_beams_share_cross_attention_entries_and_decode_like_the_full_forward() 
         select([1, 0, 3, 3, 4, 5])  # beams reordered within their sentences
         assert cache.cross_keys[0] is entries  # nothing gathered
         step_and_check()
-        select([0, 1, 4, 5])  # sentence 1 finished
+        select([0, 1, 4, 5])  # sentence 1 finished: sentence 2 moves into its entry
         assert cache.group_size == 2 and cache.cross_keys[0].size(0) == 2
+        if not grad:  # moved in place; under autograd, gathered into new tensors
+            assert cache.cross_keys[0].data_ptr() == entries.data_ptr()
+        assert cache.cross_keys[0].requires_grad == grad
         step_and_check()
         select([3, 0, 0])  # rows in no equal groups: one entry per row
         assert cache.group_size == 1 and cache.cross_keys[0].size(0) == 3

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from qkv.data.special import BOS_ID, EOS_ID
 from qkv.errors import ConfigError
-from qkv.inference.search import IncrementalDecoder, _check_lengths
+from qkv.inference.search import IncrementalDecoder, _check_lengths, rows_to_keep
 
 
 @dataclass
@@ -110,9 +110,10 @@ def beam_search(
         finished[sentence].append(Hypothesis([], 0.0, 0.0))
     live = max_lengths > 0  # (B,)
     if not bool(live.all()):
-        state = _keep(state, live.nonzero().squeeze(1))
+        kept = rows_to_keep(live)  # (B',)
+        state = _keep(state, kept)
         if state.sentences.numel() > 0:
-            decoder.select(live.nonzero().squeeze(1))  # (B',)
+            decoder.select(kept)
 
     tokens = torch.full_like(state.sentences, bos_id)  # (N,) with N = B' at the first step
     while state.sentences.numel() > 0:
@@ -196,7 +197,7 @@ def _advance(
     counts = [len(finished[sentence]) for sentence in state.sentences.tolist()]
     full = torch.tensor(counts, device=at_limit.device) >= beam_size  # (B',)
     stuck = ~next_scores.isfinite().any(dim=1)  # (B',) no live beam is left
-    keep = (~(full | at_limit | stuck)).nonzero().squeeze(1)  # (B'',)
+    keep = rows_to_keep(~(full | at_limit | stuck))  # (B'',)
     rows = (keep[:, None] * width + next_beams[keep]).view(-1)  # (B'' * W,)
     next_state = BeamState(state.sentences, next_scores, next_tokens, state.max_lengths)
     return _keep(next_state, keep), rows

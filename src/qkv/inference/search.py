@@ -155,6 +155,21 @@ def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
     return logits
 
 
+def rows_to_keep(live: Tensor) -> Tensor:
+    """The rows that go on, as `select` takes them: live (N,) bool -> rows (N',) long.
+
+    The N' live rows must end up as the first N'. Those already among the first N' stay
+    where they are, and the live rows beyond take the places of the finished ones, so only
+    as many rows move as have finished in front (keeping the order would move every row
+    after the first finished one).
+    """
+    count = int(live.sum())
+    rows = torch.arange(count, device=live.device)  # (N',)
+    holes = (~live[:count]).nonzero().squeeze(1)  # (F,) finished rows among the first N'
+    rows[holes] = live[count:].nonzero().squeeze(1) + count  # (F,) live rows beyond them
+    return rows
+
+
 def _check_filters(top_k: int, top_p: float) -> None:
     if top_k < 0:
         raise ConfigError(f"top_k must be >= 0, got {top_k}")
@@ -225,9 +240,10 @@ def _decode_paths(
 
     live = max_lengths > 0  # (N,)
     if not bool(live.all()):
-        sentences, tokens = sentences[live], tokens[live]  # (N',)
+        kept = rows_to_keep(live)  # (N',)
+        sentences, tokens = sentences[kept], tokens[kept]  # (N',)
         if sentences.numel() > 0:
-            decoder.select(live.nonzero().squeeze(1))  # (N',)
+            decoder.select(kept)
 
     step = 0
     while sentences.numel() > 0:
@@ -238,9 +254,9 @@ def _decode_paths(
         lengths[sentences] = step - ended.long()  # (N,)
         finished = ended | (max_lengths[sentences] <= step)  # (N,)
         if bool(finished.any()):
-            live = ~finished  # (N,)
-            sentences, tokens = sentences[live], tokens[live]  # (N',)
+            kept = rows_to_keep(~finished)  # (N',)
+            sentences, tokens = sentences[kept], tokens[kept]  # (N',)
             if sentences.numel() > 0:
-                decoder.select(live.nonzero().squeeze(1))  # (N',)
+                decoder.select(kept)
 
     return [row[:length] for row, length in zip(generated.tolist(), lengths.tolist(), strict=True)]

@@ -122,8 +122,19 @@ class DecoderCache:
         if not bool((counts == group_size).all()):  # not runs of equal length: one entry per row
             groups, group_size = entries, 1
         self.group_size = group_size
-        if torch.equal(groups, torch.arange(self.src_mask.size(0), device=groups.device)):
+        count = groups.numel()
+        moved = (groups != torch.arange(count, device=groups.device)).nonzero().squeeze(1)
+        if moved.numel() == 0 and count == self.src_mask.size(0):
             return  # every group reads the entry it read before (beams reordered in place)
-        self.cross_keys = [k[groups] for k in self.cross_keys]  # (G', H, S, K)
-        self.cross_values = [v[groups] for v in self.cross_values]  # (G', H, S, K)
-        self.src_mask = self.src_mask[groups]  # (G', 1, 1, S)
+        if count > self.src_mask.size(0) or self.cross_keys[0].requires_grad:
+            self.cross_keys = [k[groups] for k in self.cross_keys]  # (G', H, S, K)
+            self.cross_values = [v[groups] for v in self.cross_values]  # (G', H, S, K)
+            self.src_mask = self.src_mask[groups]  # (G', 1, 1, S)
+            return
+        # Fewer entries (finished sentences dropped): move only those that change, in place.
+        sources = groups[moved]  # (C,) gathered first: a source may also be a destination
+        for tensor in (*self.cross_keys, *self.cross_values, self.src_mask):
+            tensor.index_copy_(0, moved, tensor.index_select(0, sources))
+        self.cross_keys = [k[:count] for k in self.cross_keys]  # (G', H, S, K)
+        self.cross_values = [v[:count] for v in self.cross_values]  # (G', H, S, K)
+        self.src_mask = self.src_mask[:count]  # (G', 1, 1, S)
