@@ -39,6 +39,7 @@ from torch import Tensor
 
 from qkv.data.readers import read_lines
 from qkv.data.special import BOS_ID, EOS_ID, PAD_ID
+from qkv.errors import QkvError
 from qkv.evaluation.bleu import score_translations
 from qkv.inference.beam import beam_search
 from qkv.inference.incremental import ModelDecoder
@@ -244,10 +245,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         sys.exit("real_decode.py needs transformers: pip install -e .[bench]")
 
     torch.set_num_threads(args.threads)
-    translator = Translator.load(args.run, device="cpu")
+    try:
+        translator = Translator.load(args.run, device="cpu")
+        marian = marian_from_qkv(translator.model)
+        sources_text, references = read_lines(args.src), read_lines(args.ref)
+    except (QkvError, ValueError) as error:
+        sys.exit(f"real_decode.py: {error}")
     model, tokenizer = translator.model, translator.tokenizer
-    marian = marian_from_qkv(model)
-    sources_text, references = read_lines(args.src), read_lines(args.ref)
     if len(sources_text) != len(references):
         sys.exit(f"{args.src} has {len(sources_text)} lines but {args.ref} {len(references)}")
     if args.sentences:

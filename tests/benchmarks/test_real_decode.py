@@ -110,3 +110,11 @@ def test_every_way_decodes_and_greedy_agrees(
     assert rows["greedy", "qkv, same batches"]["same_as_hf"] >= 0.9
     assert rows["greedy", "hf, same batches"]["same_as_hf"] is None
     assert "| greedy | qkv, same batches |" in out_md.read_text()
+
+
+def test_a_missing_run_is_one_line_not_a_traceback(real_decode: ModuleType, tmp_path: Path) -> None:
+    lines = tmp_path / "lines.txt"
+    lines.write_text("ein Satz\n", encoding="utf-8")
+    argv = ["--run", str(tmp_path / "nowhere"), "--src", str(lines), "--ref", str(lines)]
+    with pytest.raises(SystemExit, match=r"real_decode.py: .*nowhere"):
+        real_decode.main(argv)
