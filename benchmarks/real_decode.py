@@ -220,6 +220,13 @@ def hf_batches(
     return out
 
 
+def positive(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return int(text)
+
+
 def agreement(found: list[list[int]], other: list[list[int]]) -> float:
     """The fraction of sentences translated into exactly the same tokens."""
     return sum(a == b for a, b in zip(found, other, strict=True)) / max(len(found), 1)
@@ -231,10 +238,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--run", required=True, help="a trained `qkv train translation` run")
     parser.add_argument("--src", required=True, help="source sentences, one per line")
     parser.add_argument("--ref", required=True, help="reference translations, one per line")
-    parser.add_argument("--batch", type=int, default=64, help="sentences per batch (same batches)")
-    parser.add_argument("--beam", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch", type=positive, default=64, help="sentences per batch")
+    parser.add_argument("--beam", type=positive, default=5)
+    parser.add_argument("--repeats", type=positive, default=3)
+    parser.add_argument("--threads", type=positive, default=2)
     parser.add_argument("--sentences", type=int, default=0, help="the first N only (0: all)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--md", type=Path)

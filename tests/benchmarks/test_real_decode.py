@@ -118,3 +118,13 @@ def test_a_missing_run_is_one_line_not_a_traceback(real_decode: ModuleType, tmp_
     argv = ["--run", str(tmp_path / "nowhere"), "--src", str(lines), "--ref", str(lines)]
     with pytest.raises(SystemExit, match=r"real_decode.py: .*nowhere"):
         real_decode.main(argv)
+
+
+def test_a_batch_of_zero_is_refused(
+    real_decode: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--run", str(tmp_path), "--src", "a", "--ref", "b", "--batch", "0"]
+    with pytest.raises(SystemExit) as exit_info:
+        real_decode.main(argv)
+    assert exit_info.value.code == 2
+    assert "--batch: expected an integer >= 1, got '0'" in capsys.readouterr().err
