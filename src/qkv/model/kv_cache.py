@@ -71,12 +71,8 @@ class KVCache:
             torch.index_select(self.values[:, :, :end], 0, rows, out=values[:, :, :end])
             self._key_buffer, self._value_buffer = keys, values
         else:
-            moved = (rows != torch.arange(count, device=rows.device)).nonzero().squeeze(1)  # (C,)
-            if moved.numel() > 0:
-                sources = rows[moved]  # (C,) gathered first: a source may also be a destination
-                for buffer in (self._key_buffer, self._value_buffer):
-                    filled = buffer[:, :, :end]  # (N_max, H, length, K)
-                    filled.index_copy_(0, moved, filled.index_select(0, sources))
+            filled = [buffer[:, :, :end] for buffer in (self._key_buffer, self._value_buffer)]
+            move_rows(filled, rows)  # (N_max, H, length, K) each
         self.keys, self.values = self._key_buffer[:count], self._value_buffer[:count]
 
 
@@ -122,19 +118,31 @@ class DecoderCache:
         if not bool((counts == group_size).all()):  # not runs of equal length: one entry per row
             groups, group_size = entries, 1
         self.group_size = group_size
-        count = groups.numel()
-        moved = (groups != torch.arange(count, device=groups.device)).nonzero().squeeze(1)
-        if moved.numel() == 0 and count == self.src_mask.size(0):
-            return  # every group reads the entry it read before (beams reordered in place)
-        if count > self.src_mask.size(0) or self.cross_keys[0].requires_grad:
-            self.cross_keys = [k[groups] for k in self.cross_keys]  # (G', H, S, K)
-            self.cross_values = [v[groups] for v in self.cross_values]  # (G', H, S, K)
-            self.src_mask = self.src_mask[groups]  # (G', 1, 1, S)
+        count, entries_before = groups.numel(), self.src_mask.size(0)
+        if count <= entries_before and not self.cross_keys[0].requires_grad:
+            # As many entries or fewer (finished sentences dropped): moved in place, and
+            # nothing at all when every group reads the entry it read before.
+            move_rows([*self.cross_keys, *self.cross_values, self.src_mask], groups)
+            if count < entries_before:
+                self.cross_keys = [k[:count] for k in self.cross_keys]  # (G', H, S, K)
+                self.cross_values = [v[:count] for v in self.cross_values]  # (G', H, S, K)
+                self.src_mask = self.src_mask[:count]  # (G', 1, 1, S)
             return
-        # Fewer entries (finished sentences dropped): move only those that change, in place.
-        sources = groups[moved]  # (C,) gathered first: a source may also be a destination
-        for tensor in (*self.cross_keys, *self.cross_values, self.src_mask):
-            tensor.index_copy_(0, moved, tensor.index_select(0, sources))
-        self.cross_keys = [k[:count] for k in self.cross_keys]  # (G', H, S, K)
-        self.cross_values = [v[:count] for v in self.cross_values]  # (G', H, S, K)
-        self.src_mask = self.src_mask[:count]  # (G', 1, 1, S)
+        if torch.equal(groups, torch.arange(entries_before, device=groups.device)):
+            return  # every group reads the entry it read before (beams reordered in place)
+        self.cross_keys = [k[groups] for k in self.cross_keys]  # (G', H, S, K)
+        self.cross_values = [v[groups] for v in self.cross_values]  # (G', H, S, K)
+        self.src_mask = self.src_mask[groups]  # (G', 1, 1, S)
+
+
+def move_rows(tensors: list[Tensor], rows: Tensor) -> None:
+    """In place, in each tensor: row i becomes old row rows[i], for i < N' (rows (N',) long).
+
+    Only the rows that change (rows[i] != i) are written; rows from N' on are left as they are.
+    """
+    moved = (rows != torch.arange(rows.numel(), device=rows.device)).nonzero().squeeze(1)  # (C,)
+    if moved.numel() == 0:
+        return
+    sources = rows[moved]  # (C,) gathered first: a source may also be a destination
+    for tensor in tensors:
+        tensor.index_copy_(0, moved, tensor.index_select(0, sources))
