@@ -26,6 +26,15 @@ from workload import BOS, EOS, PAD, Shape
 LABEL_SMOOTHING = 0.1
 PEERS = ("torch_nn", "hf_marian", "xtransformers")
 REQUIRES = {"torch_nn": "torch", "hf_marian": "transformers", "xtransformers": "x_transformers"}
+MARIAN_TOKENS: dict[str, Any] = {
+    "pad_token_id": PAD,
+    "bos_token_id": BOS,
+    "eos_token_id": EOS,
+    "decoder_start_token_id": BOS,
+    "forced_eos_token_id": None,
+}
+"""The special ids as `MarianConfig` and `GenerationConfig` take them: BOS starts the decoder,
+as in qkv, and nothing forces EOS at the length limit."""
 
 
 def available(name: str) -> bool:
@@ -172,11 +181,7 @@ class HFMarianPeer(Peer):
             activation_dropout=s.dropout,
             max_position_embeddings=s.max_positions,
             scale_embedding=True,
-            pad_token_id=PAD,
-            bos_token_id=BOS,
-            eos_token_id=EOS,
-            decoder_start_token_id=BOS,
-            forced_eos_token_id=None,
+            **MARIAN_TOKENS,
             share_encoder_decoder_embeddings=False,
             tie_word_embeddings=False,
             attn_implementation="sdpa",
@@ -218,11 +223,7 @@ class HFMarianPeer(Peer):
             do_sample=False,
             num_beams=beams,
             early_stopping=False,
-            pad_token_id=PAD,
-            eos_token_id=EOS,
-            bos_token_id=BOS,
-            decoder_start_token_id=BOS,
-            forced_eos_token_id=None,
+            **MARIAN_TOKENS,
             use_cache=True,
         )
         out = self.model.generate(

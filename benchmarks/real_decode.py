@@ -35,10 +35,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from peers import MARIAN_TOKENS
 from torch import Tensor
 
 from qkv.data.readers import read_lines
-from qkv.data.special import BOS_ID, EOS_ID, PAD_ID
+from qkv.data.special import EOS_ID, PAD_ID
 from qkv.errors import QkvError
 from qkv.evaluation.bleu import score_translations
 from qkv.inference.beam import beam_search
@@ -87,11 +88,7 @@ def marian_from_qkv(model: Seq2SeqTransformer) -> Any:
         activation_dropout=0.0,
         max_position_embeddings=c.max_len,
         scale_embedding=True,
-        pad_token_id=PAD_ID,
-        bos_token_id=BOS_ID,
-        eos_token_id=EOS_ID,
-        decoder_start_token_id=BOS_ID,
-        forced_eos_token_id=None,
+        **MARIAN_TOKENS,
         share_encoder_decoder_embeddings=tied,
         tie_word_embeddings=tied,
         attn_implementation="sdpa",
@@ -205,11 +202,7 @@ def hf_batches(
             num_beams=beam,
             length_penalty=ALPHA,
             early_stopping=True,
-            pad_token_id=PAD_ID,
-            eos_token_id=EOS_ID,
-            bos_token_id=BOS_ID,
-            decoder_start_token_id=BOS_ID,
-            forced_eos_token_id=None,
+            **MARIAN_TOKENS,
             use_cache=True,
         )
         generated = marian.generate(

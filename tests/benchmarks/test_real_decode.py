@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from qkv.cli import main as qkv_main
+from qkv.data.special import BOS_ID, EOS_ID, PAD_ID
 from qkv.model import ModelConfig, Seq2SeqTransformer
 from qkv.tasks.dates import generate_date_pairs
 
@@ -22,7 +23,8 @@ BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 @pytest.fixture
 def real_decode(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     monkeypatch.syspath_prepend(str(BENCH_DIR))
-    sys.modules.pop("real_decode", None)
+    for name in ("real_decode", "peers", "workload"):
+        sys.modules.pop(name, None)  # a fresh import under the patched path
     import real_decode as module
 
     return module
@@ -62,6 +64,14 @@ def test_marian_computes_the_same_logits(real_decode: ModuleType, changes: dict)
         ).logits
     real = tgt != 0  # padded target positions are not compared
     torch.testing.assert_close(theirs[real], ours[real], atol=1e-5, rtol=1e-5)
+
+
+def test_the_marian_special_ids_are_qkvs(real_decode: ModuleType) -> None:
+    from peers import MARIAN_TOKENS
+
+    assert MARIAN_TOKENS["pad_token_id"] == PAD_ID
+    assert MARIAN_TOKENS["bos_token_id"] == MARIAN_TOKENS["decoder_start_token_id"] == BOS_ID
+    assert MARIAN_TOKENS["eos_token_id"] == EOS_ID
 
 
 def test_pre_norm_models_are_refused(real_decode: ModuleType) -> None:
