@@ -201,7 +201,7 @@ def phase_train(args: Any) -> dict[str, Any]:
         bucketed = [
             {"src": b.src.to(device), "tgt_in": b.tgt_in.to(device), "labels": b.labels.to(device)}
             for b in bucketed_batches(
-                [{k: v.numpy() for k, v in b.items()} for b in batches], args.seed
+                [{k: v.cpu().numpy() for k, v in b.items()} for b in batches], args.seed
             )
         ]
         result["bucketed"] = timed_rounds(
