@@ -134,10 +134,15 @@ def step_function(system: Any, lr: float, args: Any = None) -> Callable[[Batch],
 
 
 def timed_rounds(
-    step: Callable[[Batch], float], warm: list[Batch], timed: list[Batch], repeats: int
+    step: Callable[[Batch], float],
+    warm: list[Batch],
+    timed: list[Batch],
+    repeats: int,
+    untimed_first: bool = False,
 ) -> dict[str, Any]:
-    """Warm up, then time `repeats` passes over `timed`; tokens/s of the median pass."""
-    losses = [step(b) for b in warm]
+    """Warm up (also over `timed` when `untimed_first`), then time `repeats` passes over
+    `timed`; tokens/s of the median pass."""
+    losses = [step(b) for b in warm + (timed if untimed_first else [])]
     tokens = n_targets(timed)
     rounds = []
     for _ in range(repeats):
@@ -191,7 +196,7 @@ def phase_train(args: Any) -> dict[str, Any]:
     step = step_function(system, args.lr, args)
     result = {"system": args.system, "meta": system.meta, "params": params(system)}
     result["identical"] = timed_rounds(
-        step, batches[: args.warmup], batches[args.warmup :], args.repeats
+        step, batches[: args.warmup], batches[args.warmup :], args.repeats, untimed_pass_first(args)
     )
     probes.append(probe_gflops(args.probe_size, args))
     if args.system == "qkv":
@@ -205,7 +210,11 @@ def phase_train(args: Any) -> dict[str, Any]:
             )
         ]
         result["bucketed"] = timed_rounds(
-            step, bucketed[: args.warmup], bucketed[args.warmup :], args.repeats
+            step,
+            bucketed[: args.warmup],
+            bucketed[args.warmup :],
+            args.repeats,
+            untimed_pass_first(args),
         )
         probes.append(probe_gflops(args.probe_size, args))
     result.update(**memory(args), probe_gflops=probes, threads=torch.get_num_threads())
@@ -218,6 +227,15 @@ def decode_batches(args: Any, shape: Shape) -> list[torch.Tensor]:
         torch.from_numpy(pad_batch(sources[i : i + args.infer_batch])).to(device_of(args))
         for i in range(0, len(sources), args.infer_batch)
     ]
+
+
+def untimed_pass_first(args: Any) -> bool:
+    """Whether every timed batch runs once, untimed, before the timing.
+
+    On a GPU the first step of each new shape costs about 0.4 s (kernel choice and loading), once
+    per process: a long run pays it once, a 20-step benchmark would pay it on every step.
+    """
+    return device_of(args).type == "cuda"
 
 
 def time_decoding(
@@ -244,12 +262,13 @@ def phase_decode(args: Any) -> dict[str, Any]:
     with torch.inference_mode():
         with autocast(args):
             system.greedy(batches[0][:4], 3)  # warm-up
+        skip = int(untimed_pass_first(args))
         seconds = [
             time_decoding(
                 lambda b: system.greedy(b, args.new_tokens), batches, args.new_tokens, args
             )
-            for _ in range(args.decode_repeats)
-        ]
+            for _ in range(skip + args.decode_repeats)
+        ][skip:]
         result["greedy"] = {
             "sentences_per_s": sentences / statistics.median(seconds),
             "seconds": seconds,
@@ -266,8 +285,8 @@ def phase_decode(args: Any) -> dict[str, Any]:
                     args.new_tokens,
                     args,
                 )
-                for _ in range(max(1, args.decode_repeats // 2))
-            ]
+                for _ in range(skip + max(1, args.decode_repeats // 2))
+            ][skip:]
             result["beam"] = {
                 "k": args.beam,
                 "seconds": seconds,
@@ -305,7 +324,8 @@ def phase_pair(args: Any) -> dict[str, Any]:
 def _pair_train(args: Any, shape: Shape, systems: list[Any]) -> dict[str, Any]:
     batches = train_batches(args, shape)
     steps = [step_function(s, args.lr, args) for s in systems]
-    for batch in batches[: args.warmup]:
+    warm = batches if untimed_pass_first(args) else batches[: args.warmup]
+    for batch in warm:
         for step in steps:
             step(batch)
     seconds: list[list[float]] = [[], []]
@@ -335,6 +355,11 @@ def _pair_decode(args: Any, shape: Shape, systems: list[Any]) -> dict[str, Any]:
             with autocast(args):
                 system.greedy(batches[0][:4], 3)
         for kind, run in kinds:
+            if untimed_pass_first(args):
+                for batch in batches:
+                    for system in systems:
+                        with autocast(args):
+                            run(system, batch)
             seconds: list[list[float]] = [[], []]
             for index, batch in enumerate(batches):
                 for side in (0, 1) if index % 2 == 0 else (1, 0):

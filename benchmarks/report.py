@@ -236,7 +236,13 @@ def render(results: dict[str, Any]) -> str:
         f"Training: {a['warmup']} warm-up + {a['steps']} timed steps of ≥{a['batch_tokens']} "
         f"target tokens, median of {a['repeats']} passes; label smoothing 0.1. Decoding: "
         f"{a['sentences']} sentences, batch {a['infer_batch']}, exactly {a['new_tokens']} new "
-        "tokens, median of passes.",
+        "tokens, median of passes."
+        + (
+            " On the GPU every timed batch first runs once untimed (a new shape's first step"
+            " costs about 0.4 s there, once per process)."
+            if a.get("device") == "cuda"
+            else ""
+        ),
         "",
         *table(results),
         *pairs(results),
