@@ -234,9 +234,13 @@ def render(results: dict[str, Any]) -> str:
         "MFU = 6 × non-embedding parameters × non-pad target tokens/s / peak.",
         "",
         f"Training: {a['warmup']} warm-up + {a['steps']} timed steps of ≥{a['batch_tokens']} "
-        f"target tokens, median of {a['repeats']} passes; label smoothing 0.1. Decoding: "
-        f"{a['sentences']} sentences, batch {a['infer_batch']}, exactly {a['new_tokens']} new "
-        "tokens, median of passes."
+        f"target tokens, median of {a['repeats']} passes; label smoothing 0.1. "
+        + (
+            "Decoding: not measured (`--no-decode`)."
+            if a.get("no_decode")
+            else f"Decoding: {a['sentences']} sentences, batch {a['infer_batch']}, exactly "
+            f"{a['new_tokens']} new tokens, median of passes."
+        )
         + (
             " On the GPU every timed batch first runs once untimed (a new shape's first step"
             " costs about 0.4 s there, once per process)."

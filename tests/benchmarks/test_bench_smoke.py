@@ -132,6 +132,18 @@ def test_bf16_runs_every_system_under_autocast(bench: object, tmp_path: Path) ->
     assert "Device cpu, bf16 (torch.autocast)" in out_md.read_text()
 
 
+def test_no_decode_measures_training_only(bench: object, tmp_path: Path) -> None:
+    out_json, out_md = tmp_path / "bench.json", tmp_path / "bench.md"
+    options = ["--peers", "torch_nn", "--no-decode", "--no-profile"]
+    bench.main([*TINY, *options, "--json", str(out_json), "--md", str(out_md)])  # type: ignore[attr-defined]
+    results = json.loads(out_json.read_text())
+    for name, system in results["systems"].items():
+        assert system["train"]["identical"]["tgt_tokens_per_s"] > 0, name
+        assert system["decode"] == {}, name
+    assert [p["pair_part"] for p in results["pairs"]] == ["train"]
+    assert "| qkv |" in out_md.read_text()
+
+
 def test_cuda_without_a_gpu_is_refused(bench: object) -> None:
     import torch
 
