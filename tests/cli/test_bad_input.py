@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 from qkv.cli import main
 from qkv.training import checkpoint as ckpt
@@ -123,6 +124,32 @@ def test_train_with_bad_settings(
     code, err = qkv(capsys, "train", "translation", "--data", data, "--out", tmp_path / "r", *extra)
     assert code == 2
     assert err.startswith(f"qkv: {message}") and err.count("\n") == 1, err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
+def test_train_on_a_missing_gpu_fails_before_any_work(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    data, out = TRANSLATION / "good", tmp_path / "run"
+    code, err = qkv(capsys, "train", "translation", "--data", data, "--out", out, "device=cuda")
+    assert code == 2
+    assert (
+        err.startswith("qkv: device=cuda, but torch sees no CUDA device") and err.count("\n") == 1
+    )
+    assert not out.exists()
+
+
+def test_resume_on_a_missing_gpu_says_how_to_go_on(
+    capsys: pytest.CaptureFixture[str], translation_run: Path, tmp_path: Path
+) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    run = tmp_path / "run"
+    shutil.copytree(translation_run, run)
+    code, err = qkv(capsys, "train", "--resume", run, "device=cuda")
+    assert code == 2
+    assert "device=cuda, but torch sees no CUDA device" in err and "device=cpu" in err
+    assert cli("train", "--resume", run, "device=cpu", "max_steps=6") == 0
 
 
 def test_train_refuses_to_overwrite_a_run(

@@ -208,8 +208,9 @@ def train_classification(
         tokenizer = load_tokenizer(run_dir)
     else:
         assert data is not None and model_config is not None and train_config is not None
-        run_dir.mkdir(parents=True, exist_ok=True)
         data.cls = model_config.pooling == "cls"
+    device = pick_device(train_config.device)  # before any work: a missing GPU fails first
+    run_dir.mkdir(parents=True, exist_ok=True)
     set_threads(train_config.threads)
     tune_allocator()
     torch.use_deterministic_algorithms(train_config.deterministic)
@@ -228,7 +229,7 @@ def train_classification(
     torch.manual_seed(train_config.seed)
     model = TextClassifier(model_config)
     task = ClassificationTask(model, corpora, data, train_config)
-    trainer = Trainer(task, train_config, run_dir, pick_device(train_config.device))
+    trainer = Trainer(task, train_config, run_dir, device)
     if resume:
         trainer.resume()
     progress = trainer.train()

@@ -159,8 +159,9 @@ def train_translation(
         tokenizer: Tokenizer | None = load_tokenizer(run_dir)
     else:
         assert data is not None and model_config is not None and train_config is not None
-        run_dir.mkdir(parents=True, exist_ok=True)
         tokenizer = None
+    device = pick_device(train_config.device)  # before any work: a missing GPU fails first
+    run_dir.mkdir(parents=True, exist_ok=True)
     set_threads(train_config.threads)
     tune_allocator()
     torch.use_deterministic_algorithms(train_config.deterministic)
@@ -174,7 +175,7 @@ def train_translation(
     task = TranslationTask(
         model, tokenizer, corpora, valid_refs, train_config, train_config.label_smoothing
     )
-    trainer = Trainer(task, train_config, run_dir, pick_device(train_config.device))
+    trainer = Trainer(task, train_config, run_dir, device)
     if resume:
         trainer.resume()
     progress = trainer.train()

@@ -8,6 +8,8 @@ import os
 
 import torch
 
+from qkv.errors import ConfigError
+
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 
 
@@ -37,7 +39,13 @@ def set_threads(threads: int) -> None:
 
 
 def pick_device(name: str) -> torch.device:
-    """ "auto" means CUDA when available, else the CPU."""
+    """ "auto" means CUDA when available, else the CPU. Asking for CUDA where torch sees no
+    CUDA device is a `ConfigError`."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(
+            f"device={name}, but torch sees no CUDA device (no GPU, or a CPU-only torch): "
+            "use device=auto or device=cpu"
+        )
     return torch.device(name)
