@@ -37,6 +37,48 @@ MARIAN_TOKENS: dict[str, Any] = {
 as in qkv, and nothing forces EOS at the length limit."""
 
 
+def marian_config(
+    *,
+    src_vocab: int,
+    tgt_vocab: int,
+    d_model: int,
+    n_heads: int,
+    d_ff: int,
+    n_encoder_layers: int,
+    n_decoder_layers: int,
+    activation: str,
+    dropout: float,
+    max_positions: int,
+    tied: bool,
+) -> Any:
+    """A `MarianConfig` for a qkv-shaped model: the same heads and feed-forward width on both
+    sides, one dropout for residuals, attention and activations, embeddings scaled by sqrt(D),
+    SDPA attention and qkv's special ids (`MARIAN_TOKENS`)."""
+    from transformers import MarianConfig
+
+    return MarianConfig(
+        vocab_size=src_vocab,
+        decoder_vocab_size=tgt_vocab,
+        d_model=d_model,
+        encoder_layers=n_encoder_layers,
+        decoder_layers=n_decoder_layers,
+        encoder_attention_heads=n_heads,
+        decoder_attention_heads=n_heads,
+        encoder_ffn_dim=d_ff,
+        decoder_ffn_dim=d_ff,
+        activation_function=activation,
+        dropout=dropout,
+        attention_dropout=dropout,
+        activation_dropout=dropout,
+        max_position_embeddings=max_positions,
+        scale_embedding=True,
+        **MARIAN_TOKENS,
+        share_encoder_decoder_embeddings=tied,
+        tie_word_embeddings=tied,
+        attn_implementation="sdpa",
+    )
+
+
 def available(name: str) -> bool:
     """Whether the package a peer needs is installed."""
     return importlib.util.find_spec(REQUIRES[name]) is not None
@@ -162,29 +204,21 @@ class HFMarianPeer(Peer):
     name = "hf_marian"
 
     def __init__(self, shape: Shape) -> None:
-        from transformers import GenerationConfig, MarianConfig, MarianMTModel
+        from transformers import GenerationConfig, MarianMTModel
 
         s = shape
-        config = MarianConfig(
-            vocab_size=s.src_vocab,
-            decoder_vocab_size=s.tgt_vocab,
+        config = marian_config(
+            src_vocab=s.src_vocab,
+            tgt_vocab=s.tgt_vocab,
             d_model=s.d_model,
-            encoder_layers=s.n_encoder_layers,
-            decoder_layers=s.n_decoder_layers,
-            encoder_attention_heads=s.n_heads,
-            decoder_attention_heads=s.n_heads,
-            encoder_ffn_dim=s.d_ff,
-            decoder_ffn_dim=s.d_ff,
-            activation_function="relu",
+            n_heads=s.n_heads,
+            d_ff=s.d_ff,
+            n_encoder_layers=s.n_encoder_layers,
+            n_decoder_layers=s.n_decoder_layers,
+            activation="relu",
             dropout=s.dropout,
-            attention_dropout=s.dropout,
-            activation_dropout=s.dropout,
-            max_position_embeddings=s.max_positions,
-            scale_embedding=True,
-            **MARIAN_TOKENS,
-            share_encoder_decoder_embeddings=False,
-            tie_word_embeddings=False,
-            attn_implementation="sdpa",
+            max_positions=s.max_positions,
+            tied=False,
         )
         self.model = MarianMTModel(config)
         self.generation_config = GenerationConfig

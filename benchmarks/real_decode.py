@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from peers import MARIAN_TOKENS
+from peers import MARIAN_TOKENS, marian_config
 from torch import Tensor
 
 from qkv.data.readers import read_lines
@@ -66,32 +66,24 @@ def marian_from_qkv(model: Seq2SeqTransformer) -> Any:
     Raises:
         ValueError: if the model is pre-norm or has learned positions (Marian has neither).
     """
-    from transformers import MarianConfig, MarianMTModel
+    from transformers import MarianMTModel
 
     c = model.config
     if c.norm_first or c.positions != "sinusoidal":
         raise ValueError("only post-norm models with sinusoidal positions map onto Marian")
     tied = c.tie_embeddings and c.joint_vocab
-    config = MarianConfig(
-        vocab_size=c.vocab_size,
-        decoder_vocab_size=c.target_vocab_size,
+    config = marian_config(
+        src_vocab=c.vocab_size,
+        tgt_vocab=c.target_vocab_size,
         d_model=c.d_model,
-        encoder_layers=c.n_encoder_layers,
-        decoder_layers=c.n_decoder_layers,
-        encoder_attention_heads=c.n_heads,
-        decoder_attention_heads=c.n_heads,
-        encoder_ffn_dim=c.d_ff,
-        decoder_ffn_dim=c.d_ff,
-        activation_function=c.activation,
+        n_heads=c.n_heads,
+        d_ff=c.d_ff,
+        n_encoder_layers=c.n_encoder_layers,
+        n_decoder_layers=c.n_decoder_layers,
+        activation=c.activation,
         dropout=0.0,
-        attention_dropout=0.0,
-        activation_dropout=0.0,
-        max_position_embeddings=c.max_len,
-        scale_embedding=True,
-        **MARIAN_TOKENS,
-        share_encoder_decoder_embeddings=tied,
-        tie_word_embeddings=tied,
-        attn_implementation="sdpa",
+        max_positions=c.max_len,
+        tied=tied,
     )
     marian = MarianMTModel(config)
     ours = model.state_dict()
