@@ -139,11 +139,10 @@ def test_train_on_a_missing_gpu_fails_before_any_work(
     assert not out.exists()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
 def test_resume_on_a_missing_gpu_says_how_to_go_on(
     capsys: pytest.CaptureFixture[str], translation_run: Path, tmp_path: Path
 ) -> None:
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is visible")
     run = tmp_path / "run"
     shutil.copytree(translation_run, run)
     code, err = qkv(capsys, "train", "--resume", run, "device=cuda")
