@@ -250,6 +250,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--no-decode", action="store_true", help="measure training only")
     parser.add_argument("--no-profile", action="store_true")
     parser.add_argument(
+        "--no-cuda-graphs",
+        action="store_true",
+        help="qkv decodes eagerly on a GPU too (default: one CUDA graph replay per step)",
+    )
+    parser.add_argument(
         "--probe-size",
         type=int,
         default=1024,

@@ -52,7 +52,7 @@ def build(name: str, shape: Shape, args: Any = None) -> Any:
     if name == "qkv":
         from qkv_side import QkvSystem
 
-        system: Any = QkvSystem(shape)
+        system: Any = QkvSystem(shape, not getattr(args, "no_cuda_graphs", False))
     else:
         from peers import build_peer
 

@@ -3,8 +3,9 @@
 Training runs the step of qkv's own trainer: `model.hidden` -> `nonpad_logits` (the output
 projection only on real target rows) -> `smoothed_cross_entropy`, AdamW(foreach=True), with
 `tune_allocator()` applied at start. Decoding runs qkv's `greedy_search` and `beam_search` over
-the model's KV-cached `decode_step`, with EOS masked so that every sentence gets exactly n
-tokens, like `min_new_tokens = max_new_tokens = n` in Hugging Face's `generate`.
+the model's KV-cached `decode_step` (on a GPU, each step one CUDA graph replay unless
+`cuda_graphs` is False), with EOS masked so that every sentence gets exactly n tokens, like
+`min_new_tokens = max_new_tokens = n` in Hugging Face's `generate`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from workload import BOS, EOS, PAD, Shape
 
 from qkv.data.batching import PairBatch, collate_pairs, pair_lengths, token_budget_batches
 from qkv.inference.beam import beam_search
-from qkv.inference.incremental import ModelDecoder
+from qkv.inference.graphed import make_decoder
 from qkv.inference.search import greedy_search
 from qkv.model import ModelConfig, Seq2SeqTransformer
 from qkv.training.losses import nonpad_logits, smoothed_cross_entropy
@@ -62,8 +63,9 @@ class QkvSystem:
 
     name = "qkv"
 
-    def __init__(self, shape: Shape) -> None:
+    def __init__(self, shape: Shape, cuda_graphs: bool = True) -> None:
         self.allocator_tuned = tune_allocator()
+        self.cuda_graphs = cuda_graphs
         config = model_config(shape)
         self.model = Seq2SeqTransformer(config)
         self.meta = {
@@ -72,6 +74,9 @@ class QkvSystem:
             "attention": "F.scaled_dot_product_attention; attention_dropout "
             f"{config.attention_dropout} (qkv default, as in the paper)",
             "kv_cache": "yes (preallocated self-attention cache, cross K/V once)",
+            "cuda_graphs": "one replay per decoding step on a GPU"
+            if cuda_graphs
+            else "off (eager decoding)",
             "train_step": "hidden -> nonpad_logits -> smoothed_cross_entropy; "
             "AdamW(foreach=True); tune_allocator "
             + ("applied" if self.allocator_tuned else "unavailable"),
@@ -102,13 +107,14 @@ class QkvSystem:
         return smoothed_cross_entropy(logits, kept, LABEL_SMOOTHING) / max(kept.numel(), 1)
 
     def greedy(self, src: Tensor, n: int) -> Tensor:
-        decoder = NoEndDecoder(ModelDecoder(self.model, src, n))
+        decoder = NoEndDecoder(make_decoder(self.model, src, n, src.size(0), self.cuda_graphs))
         budget = torch.full((src.size(0),), n, dtype=torch.long, device=src.device)
         found = greedy_search(decoder, src.size(0), budget, BOS, EOS)
         return torch.tensor(found, dtype=torch.long)  # (B, n)
 
     def beam(self, src: Tensor, n: int, k: int) -> Tensor:
-        decoder = NoEndDecoder(ModelDecoder(self.model, src, n))
+        rows = src.size(0) * k
+        decoder = NoEndDecoder(make_decoder(self.model, src, n, rows, self.cuda_graphs))
         budget = torch.full((src.size(0),), n, dtype=torch.long, device=src.device)
         found = beam_search(decoder, src.size(0), k, budget, BEAM_ALPHA, BOS, EOS)
         return torch.tensor([hyps[0].tokens for hyps in found], dtype=torch.long)  # (B, n)

@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from qkv.cli import main
+from qkv.inference.graphed import StaticDecoder
+from qkv.inference.incremental import ModelDecoder
 from qkv.inference.translate import DecodeOptions, translate_ids
 from qkv.inference.translator import Translator
 from qkv.model.seq2seq import Seq2SeqTransformer
@@ -79,3 +81,39 @@ def test_bf16_training_run_on_cuda_learns_and_translates(tmp_path: Path) -> None
     assert translator.device.type == "cuda"
     found = translator.translate([s for s, _ in generate_date_pairs(4, seed=3)], beam_size=3)
     assert len(found) == 4 and all(isinstance(x, str) for x in found)
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_graph_replays_compute_the_eager_steps(model: Seq2SeqTransformer, bf16: bool) -> None:
+    model.to(CUDA)
+    src, tgt = random_ids(4, 6, vocab=60).to(CUDA), random_ids(8, 7, vocab=60).to(CUDA)
+    src[2, 3:] = 0
+    expand = torch.arange(4, device=CUDA).repeat_interleave(2)  # (8,) two rows per source
+    reorder = torch.tensor([1, 0, 2, 2, 5, 4, 7, 6], device=CUDA)
+    tolerance = 3e-2 if bf16 else 1e-4
+    with torch.inference_mode(), torch.autocast("cuda", torch.bfloat16, enabled=bf16):
+        eager, graphed = ModelDecoder(model, src, 7), StaticDecoder(model, src, 7, rows=8)
+        assert graphed.graph is not None
+        for t in range(7):
+            rows = 4 if t == 0 else 8
+            expected, found = eager.step(tgt[:rows, t]), graphed.step(tgt[:rows, t])  # (N, V)
+            torch.testing.assert_close(found, expected, atol=tolerance, rtol=tolerance)
+            for decoder in (eager, graphed):
+                decoder.select(expand if t == 0 else reorder)
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_search_with_cuda_graphs_finds_what_eager_finds(
+    model: Seq2SeqTransformer, beam_size: int
+) -> None:
+    generator = torch.Generator().manual_seed(5)
+    sources = [
+        torch.randint(5, 60, (int(n),), generator=generator).tolist()
+        for n in torch.randint(1, 12, (30,), generator=generator)
+    ]
+    eager = DecodeOptions(beam_size=beam_size, max_tokens=200, cuda_graphs=False)
+    graphed = DecodeOptions(beam_size=beam_size, max_tokens=200)
+    model.to(CUDA)
+    assert translate_ids(model, sources, graphed, CUDA) == translate_ids(
+        model, sources, eager, CUDA
+    )

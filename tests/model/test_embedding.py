@@ -1,8 +1,9 @@
 import math
 
+import pytest
 import torch
 
-from qkv.model.embedding import TokenEmbedding, sinusoid_table
+from qkv.model.embedding import TokenEmbedding, make_embeddings, sinusoid_table
 
 
 def test_sinusoids_match_the_paper() -> None:
@@ -19,3 +20,13 @@ def test_token_embedding_is_scaled_by_sqrt_d_model() -> None:
     embedding = TokenEmbedding(10, 16, pad_id=0)
     ids = torch.tensor([[3, 4]])
     torch.testing.assert_close(embedding(ids), embedding.table.weight[ids] * 4.0)
+
+
+@pytest.mark.parametrize("positions", ["sinusoidal", "learned"])
+def test_a_position_held_in_a_tensor_embeds_like_an_offset(positions: str) -> None:
+    embeddings = make_embeddings(30, 16, 0, 0.0, 20, positions)
+    ids = torch.tensor([[3], [7]])  # (B, 1)
+    for offset in (0, 5, 19):
+        torch.testing.assert_close(
+            embeddings.at(ids, torch.tensor([offset])), embeddings(ids, offset=offset)
+        )

@@ -9,7 +9,7 @@ import torch
 from qkv.data.batching import token_budget_batches
 from qkv.data.special import PAD_ID
 from qkv.inference.beam import beam_search
-from qkv.inference.incremental import ModelDecoder
+from qkv.inference.graphed import make_decoder
 from qkv.inference.search import greedy_search, sample
 from qkv.model.seq2seq import Seq2SeqTransformer
 
@@ -28,6 +28,7 @@ class DecodeOptions:
     top_p: float = 1.0
     seed: int = 0
     max_tokens: int = 6000  # source tokens x beam per batch
+    cuda_graphs: bool = True  # on a GPU, replay each decoding step as a CUDA graph
 
 
 @torch.no_grad()
@@ -54,7 +55,10 @@ def translate_ids(
         src = src.to(device)
         src_lengths = (src != PAD_ID).sum(1)  # (B,)
         max_lengths = (src_lengths * options.max_len_a + options.max_len_b).long().clamp(1, limit)
-        decoder = ModelDecoder(model, src, int(max_lengths.max()) + 1)
+        beams = 1 if options.sampling else max(options.beam_size, 1)
+        decoder = make_decoder(
+            model, src, int(max_lengths.max()) + 1, len(rows) * beams, options.cuda_graphs
+        )
         if options.sampling:
             found = sample(
                 decoder,

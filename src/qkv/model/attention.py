@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from qkv.model.kv_cache import KVCache
+from qkv.model.kv_cache import SelfAttentionCache
 from qkv.model.packing import Packing
 
 
@@ -99,7 +99,7 @@ class MultiHeadAttention(nn.Module):
         value: Tensor,
         mask: Tensor | None = None,
         need_weights: bool = False,
-        cache: KVCache | None = None,
+        cache: SelfAttentionCache | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from `query` (B, T, D) to `key`/`value` (B, S, D).
 

@@ -6,7 +6,7 @@ from torch import Tensor, nn
 
 from qkv.model.config import ModelConfig
 from qkv.model.embedding import Embeddings
-from qkv.model.kv_cache import DecoderCache
+from qkv.model.kv_cache import DecoderCache, StaticDecoderCache
 from qkv.model.layers import DecoderLayer
 from qkv.model.packing import Packing
 
@@ -88,18 +88,26 @@ class Decoder(nn.Module):
     def _layers(self) -> list[DecoderLayer]:
         return [layer for layer in self.layers if isinstance(layer, DecoderLayer)]
 
-    def step(self, ids: Tensor, cache: DecoderCache) -> Tensor:
+    def step(self, ids: Tensor, cache: DecoderCache | StaticDecoderCache) -> Tensor:
         """Decode the next position of every row, reusing the cache.
 
         Args:
             ids: the newest token of each row (N, 1).
+            cache: a `DecoderCache`, or a `StaticDecoderCache` (fixed shapes, the position in
+                a tensor: nothing here depends on the step on the host).
 
         Returns:
-            states (N, 1, D); the cache grows by one position.
+            states (N, 1, D); the cache grows by one position (a `StaticDecoderCache` is
+            advanced by its owner).
         """
-        x = self.embeddings(ids, offset=cache.length)  # (N, 1, D)
+        self_mask: Tensor | None = None
+        if isinstance(cache, StaticDecoderCache):
+            x = self.embeddings.at(ids, cache.position)  # (R, 1, D)
+            self_mask = cache.self_mask()  # (1, 1, 1, T_max)
+        else:
+            x = self.embeddings(ids, offset=cache.length)  # (N, 1, D)
         for layer, self_cache, keys, values in zip(
             self.layers, cache.self_attn, cache.cross_keys, cache.cross_values, strict=True
         ):
-            x, _, _ = layer(x, (keys, values), None, cache.src_mask, cache=self_cache)
+            x, _, _ = layer(x, (keys, values), self_mask, cache.src_mask, cache=self_cache)
         return self.final_norm(x)  # (N, 1, D)

@@ -52,6 +52,10 @@ class SinusoidalPositions(nn.Module):
         """Positions offset .. offset+length-1 -> (length, D)."""
         return self.table[offset : offset + length]
 
+    def at(self, position: Tensor) -> Tensor:
+        """The position held in a tensor, (1,) long -> (1, D)."""
+        return self.table.index_select(0, position)
+
 
 class LearnedPositions(nn.Module):
     """One trained vector per position."""
@@ -64,12 +68,20 @@ class LearnedPositions(nn.Module):
         """Positions offset .. offset+length-1 -> (length, D)."""
         return self.table.weight[offset : offset + length]
 
+    def at(self, position: Tensor) -> Tensor:
+        """The position held in a tensor, (1,) long -> (1, D)."""
+        return self.table.weight.index_select(0, position)
+
 
 class Embeddings(nn.Module):
     """Token embedding + positional encoding, then dropout."""
 
     def __init__(
-        self, token: TokenEmbedding, positions: nn.Module, dropout: float, max_len: int
+        self,
+        token: TokenEmbedding,
+        positions: SinusoidalPositions | LearnedPositions,
+        dropout: float,
+        max_len: int,
     ) -> None:
         super().__init__()
         self.token = token
@@ -82,6 +94,14 @@ class Embeddings(nn.Module):
         length = ids.size(1)
         self._check_length(offset + length)
         return self.dropout(self.token(ids) + self.positions(length, offset))
+
+    def at(self, ids: Tensor, position: Tensor) -> Tensor:
+        """ids (B, 1) at the position held in a tensor, (1,) long -> (B, 1, D).
+
+        For decoding steps recorded once and replayed (CUDA graphs): nothing here reads the
+        position on the host, so the caller checks it against `max_len`.
+        """
+        return self.dropout(self.token(ids) + self.positions.at(position))
 
     def forward_packed(self, ids: Tensor, rows: Packing) -> Tensor:
         """The embedded real tokens only: ids (B, L) -> (M, D), placed by `rows`."""
@@ -107,7 +127,7 @@ def make_embeddings(
 ) -> Embeddings:
     """Build `Embeddings`, optionally around an existing (shared) token table."""
     token = token or TokenEmbedding(vocab_size, d_model, pad_id)
-    table: nn.Module = (
+    table: SinusoidalPositions | LearnedPositions = (
         SinusoidalPositions(max_len, d_model)
         if positions == "sinusoidal"
         else LearnedPositions(max_len, d_model)

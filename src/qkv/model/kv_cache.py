@@ -3,14 +3,26 @@
 Decoder self-attention keys/values live in a preallocated `KVCache` per layer that grows by one
 step at a time, so the prefix is never recomputed. Cross-attention keys/values depend only on the
 source, so they are computed once per source and kept in the `DecoderCache`.
+
+`StaticDecoderCache` holds the same things in tensors whose shapes never change from one step to
+the next, the step position included, so that a whole decoding step can be recorded once as a
+CUDA graph and replayed (see `qkv.inference.graphed`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor
+
+
+class SelfAttentionCache(Protocol):
+    """What a self-attention layer needs from its cache while decoding."""
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store new keys/values (N, H, t, K); return the keys and values to attend to."""
 
 
 class KVCache:
@@ -146,3 +158,86 @@ def move_rows(tensors: list[Tensor], rows: Tensor) -> None:
     sources = rows[moved]  # (C,) gathered first: a source may also be a destination
     for tensor in tensors:
         tensor.index_copy_(0, moved, tensor.index_select(0, sources))
+
+
+class StaticKVCache:
+    """Keys and values of one self-attention layer at fixed shapes: every step reads all T_max.
+
+    The step writes its keys and values at `position`, a tensor, and attends to the whole
+    buffer under the mask of `StaticDecoderCache.self_mask`; the buffers start at zero so that
+    the positions not yet written hold finite numbers (their weights are exactly zero).
+
+    Args:
+        rows: R, the most rows decoded together.
+        n_heads, head_dim: H and K.
+        max_len: T_max, the most steps.
+        position: (1,) long, the step being decoded, shared by all layers.
+    """
+
+    def __init__(
+        self,
+        rows: int,
+        n_heads: int,
+        head_dim: int,
+        max_len: int,
+        position: Tensor,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        shape = (rows, n_heads, max_len, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=position.device)  # (R, H, T_max, K)
+        self.values = torch.zeros(shape, dtype=dtype, device=position.device)  # (R, H, T_max, K)
+        self.position = position
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store the step's keys/values (R, H, 1, K) at `position`; return all (R, H, T_max, K)."""
+        self.keys.index_copy_(2, self.position, k.to(self.keys.dtype))
+        self.values.index_copy_(2, self.position, v.to(self.values.dtype))
+        return self.keys, self.values
+
+
+@dataclass
+class StaticDecoderCache:
+    """Everything a decoding step reads, at shapes fixed for the whole batch.
+
+    R rows, each with its own entry of the cross-attention tensors (a row of the W beams of a
+    sentence holds a copy of the sentence's). Rows beyond those in use hold stale numbers and
+    are computed for nothing; `select` moves rows as `DecoderCache.select` does.
+
+    Attributes:
+        self_attn: one StaticKVCache per decoder layer.
+        cross_keys, cross_values: one (R, H, S, K) tensor per decoder layer.
+        src_mask: (R, 1, 1, S) bool, True = real source token.
+        position: (1,) long, the step being decoded (0 for the first token fed).
+        length: the number of steps decoded so far, as a Python int (the host's count).
+    """
+
+    self_attn: list[StaticKVCache]
+    cross_keys: list[Tensor]
+    cross_values: list[Tensor]
+    src_mask: Tensor
+    position: Tensor
+    length: int = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.self_attn[0].keys.size(2)
+
+    @property
+    def rows(self) -> int:
+        return self.src_mask.size(0)
+
+    def self_mask(self) -> Tensor:
+        """(1, 1, 1, T_max) bool: the positions written so far, this step's included."""
+        steps = torch.arange(self.capacity, device=self.position.device)  # (T_max,)
+        return (steps <= self.position).view(1, 1, 1, -1)
+
+    def select(self, rows: Tensor) -> None:
+        """Keep and reorder rows: new row i = old row rows[i] (rows (N',) long, N' <= R)."""
+        if rows.numel() > self.rows:
+            raise RuntimeError(f"{rows.numel()} rows asked of a cache made for {self.rows}")
+        filled = [
+            buffer[:, :, : self.length]
+            for cache in self.self_attn
+            for buffer in (cache.keys, cache.values)
+        ]  # (R, H, length, K) each
+        move_rows([*filled, *self.cross_keys, *self.cross_values, self.src_mask], rows)

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from qkv.model.attention import MultiHeadAttention
 from qkv.model.dropout import Dropout
-from qkv.model.kv_cache import KVCache
+from qkv.model.kv_cache import SelfAttentionCache
 from qkv.model.packing import Packing
 
 
@@ -113,7 +113,7 @@ class DecoderLayer(nn.Module):
         self_mask: Tensor | None,
         cross_mask: Tensor | None,
         need_weights: bool = False,
-        cache: KVCache | None = None,
+        cache: SelfAttentionCache | None = None,
         rows: Packing | None = None,
         memory_rows: Packing | None = None,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
@@ -124,9 +124,11 @@ class DecoderLayer(nn.Module):
             memory: encoder output (B, S, D) or its real tokens (M', D) placed by
                 `memory_rows`, or its cross-attention keys and values (G, H, S, K) each,
                 computed once per source during incremental decoding (see `DecoderCache`).
-            self_mask: (B, 1, T, T) causal & padding mask, or None when decoding with a cache.
+            self_mask: (B, 1, T, T) causal & padding mask, or None when decoding with a cache
+                (broadcastable to (N, 1, 1, T_max) with a `StaticKVCache`).
             cross_mask: (B, 1, 1, S) source padding mask.
-            cache: this layer's self-attention KV cache (incremental decoding).
+            cache: this layer's self-attention cache (incremental decoding): a `KVCache`, or a
+                `StaticKVCache` whose whole buffer is attended to under `self_mask`.
             rows, memory_rows: given together, for packed x and memory.
 
         Returns:
@@ -157,7 +159,7 @@ class DecoderLayer(nn.Module):
         x: Tensor,
         mask: Tensor | None,
         need_weights: bool,
-        cache: KVCache | None,
+        cache: SelfAttentionCache | None,
         rows: Packing | None,
     ) -> tuple[Tensor, Tensor | None]:
         if rows is None:

@@ -11,7 +11,7 @@ from qkv.model.embedding import TokenEmbedding, make_embeddings
 from qkv.model.encoder import Encoder
 from qkv.model.frozen_linear import FrozenLinear
 from qkv.model.init import xavier_init
-from qkv.model.kv_cache import DecoderCache, KVCache
+from qkv.model.kv_cache import DecoderCache, KVCache, StaticDecoderCache, StaticKVCache
 from qkv.model.maps import AttentionMaps
 from qkv.model.masks import decoder_self_mask, padding_mask
 
@@ -100,8 +100,39 @@ class Seq2SeqTransformer(nn.Module):
         ]
         return DecoderCache(self_attn, [k for k, _ in cross], [v for _, v in cross], src_mask)
 
+    def init_static_cache(
+        self, memory: Tensor, src_mask: Tensor, max_len: int, rows: int
+    ) -> StaticDecoderCache:
+        """A fixed-shape cache for `rows` rows (>= B) decoding up to `max_len` steps from memory
+        (B, S, D): row i < B decodes source i, the rows beyond hold copies of source 0 until
+        `select` fills them."""
+        c = self.config
+        batch = memory.size(0)
+        if rows < batch:
+            raise ValueError(f"a static cache needs rows >= batch, got {rows} < {batch}")
+        if max_len > c.max_len:
+            raise ValueError(f"{max_len} decoding steps exceed the model's max_len ({c.max_len})")
+        fill = torch.cat([torch.arange(batch), torch.zeros(rows - batch, dtype=torch.long)])
+        fill = fill.to(memory.device)  # (R,) the source of each row
+        position = torch.zeros(1, dtype=torch.long, device=memory.device)  # (1,)
+        cross = self.decoder.cross_keys_values(memory)  # (B, H, S, K) each
+        head_dim = c.d_model // c.n_heads
+        return StaticDecoderCache(
+            self_attn=[
+                StaticKVCache(rows, c.n_heads, head_dim, max_len, position, memory.dtype)
+                for _ in self.decoder.layers
+            ],
+            cross_keys=[k[fill] for k, _ in cross],  # (R, H, S, K)
+            cross_values=[v[fill] for _, v in cross],  # (R, H, S, K)
+            src_mask=src_mask[fill],  # (R, 1, 1, S)
+            position=position,
+        )
+
     def decode_step(
-        self, tokens: Tensor, cache: DecoderCache, output: FrozenLinear | None = None
+        self,
+        tokens: Tensor,
+        cache: DecoderCache | StaticDecoderCache,
+        output: FrozenLinear | None = None,
     ) -> Tensor:
         """tokens (N,), the newest of each row -> next-token logits (N, V).
 
