@@ -48,6 +48,12 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
     translate.add_argument("--temperature", type=float, default=1.0)
     translate.add_argument("--top-k", type=int, default=0)
     translate.add_argument("--top-p", type=float, default=1.0)
+    translate.add_argument(
+        "--no-cuda-graphs",
+        action="store_true",
+        help="on a GPU, launch every kernel of a decoding step from Python (default: replay "
+        "each step as one CUDA graph)",
+    )
     translate.add_argument("--input", metavar="FILE", help="one sentence per line (default stdin)")
     translate.add_argument("--output", metavar="FILE", help="default stdout")
     translate.set_defaults(run=_run_translate)

@@ -49,6 +49,7 @@ def bench(monkeypatch: pytest.MonkeyPatch) -> object:
     monkeypatch.syspath_prepend(str(BENCH_DIR))
     for name in (
         "bench",
+        "decode_phase",
         "gemm_cache",
         "peers",
         "phases",
@@ -160,3 +161,18 @@ def test_gemm_cache_times_the_three_ways(bench: object, capsys: pytest.CaptureFi
     assert len(ways) == 3
     assert ways["one at a time (summed)"] > 0 and ways["in sequence"] > 0
     assert "in sequence" in capsys.readouterr().out
+
+
+def test_decode_phase_measures_qkv_both_ways_beside_a_peer(
+    bench: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import decode_phase
+
+    options = ["--device", "cpu", "--shape", "tiny", "--dtypes", "fp32", "--peer", "torch_nn"]
+    sizes = ["--sentences", "4", "--infer-batch", "2", "--new-tokens", "3", "--beam", "2"]
+    rows = decode_phase.main([*options, *sizes, "--decode-repeats", "1", "--probe-size", "64"])
+    assert [r["system"] for r in rows] == ["qkv, graphs", "qkv, eager", "torch_nn"]
+    assert all(r["greedy"] > 0 for r in rows)
+    assert rows[0]["beam"] > 0 and rows[2]["beam"] is None  # torch_nn has no beam search
+    out = capsys.readouterr().out
+    assert "| fp32 | qkv, eager |" in out and "| fp32 | torch_nn |" in out

@@ -83,6 +83,10 @@ def test_translate_and_evaluate_commands(
         == 0
     )
     assert len(out.read_text(encoding="utf-8").splitlines()) == 10
+    eager = tmp_path / "eager.txt"
+    options = ["--input", str(src), "--output", str(eager), "--beam", "2", "--no-cuda-graphs"]
+    assert main(["translate", str(tiny_run), *options]) == 0
+    assert eager.read_text(encoding="utf-8") == out.read_text(encoding="utf-8")
     assert (
         main(
             [
