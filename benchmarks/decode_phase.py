@@ -5,7 +5,9 @@ and beam search, median of `--decode-repeats` passes), run for each dtype and sy
 
     python benchmarks/decode_phase.py --device cuda [--dtypes bf16,fp32] [--peer hf_marian]
 
-On a CPU, qkv never uses graphs, and both qkv rows measure the same decoder.
+Every other option is `bench.py`'s (`--infer-batch`, `--new-tokens`, `--beam`, `--shape`, ...),
+with its defaults, except that `--device` defaults to cuda here. On a CPU, qkv never uses
+graphs, and both qkv rows measure the same decoder.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 import time
 from typing import Any
 
+import bench
 from phases import phase_decode
 
 
@@ -22,8 +25,9 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     for dtype in args.dtypes.split(","):
         for system, graphs in (("qkv", True), ("qkv", False), (args.peer, True)):
-            job = argparse.Namespace(**vars(args), system=system, dtype=dtype)
-            job.no_cuda_graphs = not graphs
+            job = argparse.Namespace(
+                **{**vars(args), "system": system, "dtype": dtype, "no_cuda_graphs": not graphs}
+            )
             start = time.perf_counter()
             result = phase_decode(job)
             label = system if system != "qkv" else f"qkv, {'graphs' if graphs else 'eager'}"
@@ -57,19 +61,12 @@ def table(rows: list[dict[str, Any]], peer: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--dtypes", default="bf16,fp32")
     parser.add_argument("--peer", default="hf_marian")
-    parser.add_argument("--shape", choices=["base", "tiny"], default="base")
-    parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument("--sentences", type=int, default=256)
-    parser.add_argument("--infer-batch", type=int, default=64)
-    parser.add_argument("--new-tokens", type=int, default=50)
-    parser.add_argument("--decode-repeats", type=int, default=3)
-    parser.add_argument("--beam", type=int, default=5)
-    parser.add_argument("--probe-size", type=int, default=1024)
-    args = parser.parse_args(argv)
+    own, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    args = bench.parse(["--device", "cuda", *rest])  # a --device in `rest` comes last and wins
+    args.dtypes, args.peer = own.dtypes, own.peer
     rows = measure(args)
     print("\n".join(table(rows, args.peer)))
     return rows
