@@ -23,6 +23,15 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 CUDA = torch.device("cuda")
 
 
+def random_sources(seed: int, count: int) -> list[list[int]]:
+    """`count` source sentences of 1 to 11 token ids in [5, 60)."""
+    generator = torch.Generator().manual_seed(seed)
+    return [
+        torch.randint(5, 60, (int(n),), generator=generator).tolist()
+        for n in torch.randint(1, 12, (count,), generator=generator)
+    ]
+
+
 @pytest.fixture
 def model() -> Seq2SeqTransformer:
     return Seq2SeqTransformer(tiny_config(vocab_size=60, max_len=40)).eval()
@@ -52,11 +61,7 @@ def test_cached_decoding_on_cuda_equals_full_forward(model: Seq2SeqTransformer) 
 def test_search_on_cuda_finds_what_it_finds_on_cpu(
     model: Seq2SeqTransformer, beam_size: int
 ) -> None:
-    generator = torch.Generator().manual_seed(3)
-    sources = [
-        torch.randint(5, 60, (int(n),), generator=generator).tolist()
-        for n in torch.randint(1, 12, (24,), generator=generator)
-    ]
+    sources = random_sources(seed=3, count=24)
     options = DecodeOptions(beam_size=beam_size, max_tokens=200)
     on_cpu = translate_ids(model, sources, options, torch.device("cpu"))
     on_gpu = translate_ids(model.to(CUDA), sources, options, CUDA)
@@ -106,11 +111,7 @@ def test_graph_replays_compute_the_eager_steps(model: Seq2SeqTransformer, bf16: 
 def test_search_with_cuda_graphs_finds_what_eager_finds(
     model: Seq2SeqTransformer, beam_size: int
 ) -> None:
-    generator = torch.Generator().manual_seed(5)
-    sources = [
-        torch.randint(5, 60, (int(n),), generator=generator).tolist()
-        for n in torch.randint(1, 12, (30,), generator=generator)
-    ]
+    sources = random_sources(seed=5, count=30)
     eager = DecodeOptions(beam_size=beam_size, max_tokens=200, cuda_graphs=False)
     graphed = DecodeOptions(beam_size=beam_size, max_tokens=200)
     model.to(CUDA)

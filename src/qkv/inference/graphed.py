@@ -89,12 +89,12 @@ class StaticDecoder:
         self.tokens[:count].copy_(tokens)
         cache.position.fill_(cache.length)
         if self.graph is None:
-            logits = self._forward()  # (R, V)
+            logits = self._forward()[:count]  # (N, V), rows of a new tensor
         else:
             self.graph.replay()
-            logits = self.logits  # (R, V), overwritten by the next replay
+            logits = self.logits[:count].clone()  # (N, V), a copy: the next replay overwrites
         cache.length += 1
-        return logits[:count].clone()  # (N, V)
+        return logits
 
     def select(self, rows: Tensor) -> None:
         """Keep and reorder rows: new row i = old row rows[i] (at most R rows)."""
