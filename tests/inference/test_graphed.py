@@ -95,6 +95,8 @@ def test_limits_are_errors(model: Seq2SeqTransformer, src: torch.Tensor) -> None
         decoder.step(torch.ones(6, dtype=torch.long))
     with pytest.raises(ValueError, match="exceed the model's max_len"):
         StaticDecoder(model, src, max_steps=41, rows=6, graph=False)
+    with pytest.raises(ValueError, match="rows >= batch, got 5 < 6"):
+        StaticDecoder(model, src, max_steps=2, rows=5, graph=False)
 
 
 def test_the_cpu_decodes_eagerly_and_translates_alike(model: Seq2SeqTransformer) -> None:

@@ -55,7 +55,6 @@ class StaticDecoder:
     ) -> None:
         self.model = model
         memory, src_mask, _ = model.encode(src_ids)  # (B, S, D), (B, 1, 1, S)
-        rows = max(rows, src_ids.size(0))
         self.cache = model.init_static_cache(memory, src_mask, max_steps, rows)
         self.tokens = torch.zeros(rows, dtype=torch.long, device=src_ids.device)  # (R,)
         self.graph: torch.cuda.CUDAGraph | None = None

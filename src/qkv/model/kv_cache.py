@@ -226,10 +226,12 @@ class StaticDecoderCache:
     def rows(self) -> int:
         return self.src_mask.size(0)
 
+    def __post_init__(self) -> None:
+        self._steps = torch.arange(self.capacity, device=self.position.device)  # (T_max,)
+
     def self_mask(self) -> Tensor:
         """(1, 1, 1, T_max) bool: the positions written so far, this step's included."""
-        steps = torch.arange(self.capacity, device=self.position.device)  # (T_max,)
-        return (steps <= self.position).view(1, 1, 1, -1)
+        return (self._steps <= self.position).view(1, 1, 1, -1)
 
     def select(self, rows: Tensor) -> None:
         """Keep and reorder rows: new row i = old row rows[i] (rows (N',) long, N' <= R)."""
