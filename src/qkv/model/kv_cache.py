@@ -11,7 +11,7 @@ CUDA graph and replayed (see `qkv.inference.graphed`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -217,6 +217,10 @@ class StaticDecoderCache:
     src_mask: Tensor
     position: Tensor
     length: int = 0
+    steps: Tensor = field(init=False, repr=False)  # (T_max,) 0, 1, ..., made once
+
+    def __post_init__(self) -> None:
+        self.steps = torch.arange(self.capacity, device=self.position.device)
 
     @property
     def capacity(self) -> int:
@@ -226,12 +230,9 @@ class StaticDecoderCache:
     def rows(self) -> int:
         return self.src_mask.size(0)
 
-    def __post_init__(self) -> None:
-        self._steps = torch.arange(self.capacity, device=self.position.device)  # (T_max,)
-
     def self_mask(self) -> Tensor:
         """(1, 1, 1, T_max) bool: the positions written so far, this step's included."""
-        return (self._steps <= self.position).view(1, 1, 1, -1)
+        return (self.steps <= self.position).view(1, 1, 1, -1)
 
     def select(self, rows: Tensor) -> None:
         """Keep and reorder rows: new row i = old row rows[i] (rows (N',) long, N' <= R)."""
