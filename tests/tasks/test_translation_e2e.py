@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -67,7 +69,20 @@ def test_translator_round_trip(tiny_run: Path) -> None:
     beam = translator.translate(sentences, beam_size=4)
     assert len(greedy) == len(beam) == 5
     assert all(isinstance(x, str) for x in greedy + beam)
-    assert translator.translate([""], beam_size=1) == [""]
+    assert translator.translate(["", "   ", "\t"], beam_size=1) == ["", "", ""]
+
+
+def test_translate_keeps_every_stdin_line_in_its_place(
+    tiny_run: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Lines split on "\\n" only, as files are: a U+2028 inside a sentence keeps it one line."""
+    text = "July 4,\u2028 1976\n\n   \nMarch 3, 2021\r\n"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode("utf-8"))))
+    assert main(["translate", str(tiny_run), "--beam", "1"]) == 0
+    lines = capsys.readouterr().out.split("\n")
+    assert len(lines) == 5 and lines[-1] == ""  # four lines in, four out
+    expected = Translator.load(tiny_run).translate(["July 4,\u2028 1976", "March 3, 2021"], 1)
+    assert lines[:4] == [expected[0], "", "", expected[1]]
 
 
 def test_translate_and_evaluate_commands(

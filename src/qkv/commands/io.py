@@ -5,12 +5,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from qkv.data.readers import read_lines
+from qkv.data.readers import read_lines, split_lines
 from qkv.errors import DataError
 
 
 def input_lines(path: str | None) -> list[str]:
-    """Lines of `path`, or of stdin; empty lines are kept (they translate to empty lines)."""
+    """Lines of `path`, or of stdin, split on "\\n" only in both cases; empty lines are kept
+    (they translate to empty lines)."""
     if path:
         return read_lines(Path(path), allow_empty=True)
     try:
@@ -22,7 +23,7 @@ def input_lines(path: str | None) -> list[str]:
     except UnicodeDecodeError as error:
         line = data[: error.start].count(b"\n") + 1
         raise DataError("<stdin>", "invalid UTF-8", line) from None
-    return text.splitlines()
+    return split_lines(text)
 
 
 def write_lines(path: str | None, lines: list[str]) -> None:

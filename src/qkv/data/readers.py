@@ -38,7 +38,7 @@ def read_lines(path: str | Path, *, allow_empty: bool = False) -> list[str]:
         DataError: the file is missing, unreadable, empty, not UTF-8, a corrupt gzip, or has an
             empty line while `allow_empty` is False.
     """
-    lines = _split_lines(_read_utf8(path))
+    lines = split_lines(_read_utf8(path))
     if not allow_empty:
         for number, line in enumerate(lines, start=1):
             if not line.strip():
@@ -181,7 +181,8 @@ def _read_bytes(path: Path) -> bytes:
     return data
 
 
-def _split_lines(text: str) -> list[str]:
+def split_lines(text: str) -> list[str]:
+    """Lines of `text`, split on "\\n" only (see `read_lines`), without "\\r" endings."""
     lines = text.split("\n")
     if lines[-1] == "":
         lines.pop()
@@ -210,7 +211,7 @@ def _read_records(path: str | Path, fields: Sequence[str]) -> list[tuple[int, li
 
 def _read_json_lines(path: str | Path, fields: Sequence[str]) -> list[tuple[int, list[object]]]:
     records: list[tuple[int, list[object]]] = []
-    for number, line in enumerate(_split_lines(_read_utf8(path)), start=1):
+    for number, line in enumerate(split_lines(_read_utf8(path)), start=1):
         if not line.strip():
             continue
         try:

@@ -55,7 +55,11 @@ class Translator:
     def translate(
         self, sentences: list[str], beam_size: int = 5, **options: float | int | bool
     ) -> list[str]:
-        """Translate sentences; options are `DecodeOptions` fields (alpha, max_len_a, ...)."""
+        """Translate sentences; options are `DecodeOptions` fields (alpha, max_len_a, ...).
+
+        Empty and whitespace-only sentences translate to empty strings, in their places.
+        """
         decode = DecodeOptions(beam_size=beam_size, **options)  # type: ignore[arg-type]
-        found = translate_ids(self.model, self.encode(sentences), decode, self.device)
+        texts = [s if s.strip() else "" for s in sentences]
+        found = translate_ids(self.model, self.encode(texts), decode, self.device)
         return self.tokenizer.decode_batch(found)
