@@ -190,6 +190,18 @@ def test_translate_bad_stdin(
     assert_fails(code, err, "<stdin>", 3)
 
 
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [(["--beam", "0"], "beam size must be >= 1"), (["--sample", "--top-p", "0"], "top_p")],
+)
+def test_translate_refuses_options_out_of_range(
+    capsys: pytest.CaptureFixture[str], translation_run: Path, option: list[str], message: str
+) -> None:
+    code, err = qkv(capsys, "translate", translation_run, "--input", TEXT / "src.de", *option)
+    assert code == 2, err
+    assert err.startswith("qkv: ") and err.count("\n") == 1 and message in err, repr(err)
+
+
 def test_translate_to_unwritable_output(
     capsys: pytest.CaptureFixture[str], translation_run: Path, tmp_path: Path
 ) -> None:

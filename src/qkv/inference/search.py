@@ -107,9 +107,7 @@ def sample(
     Raises:
         ConfigError: if temperature, top_k or top_p is out of range.
     """
-    if temperature <= 0:
-        raise ConfigError(f"temperature must be > 0, got {temperature}")
-    _check_filters(top_k, top_p)
+    check_sampling(temperature, top_k, top_p)
 
     def draw(logits: Tensor) -> Tensor:
         kept = filter_logits(logits / temperature, top_k, top_p)  # (N, V)
@@ -168,6 +166,13 @@ def rows_to_keep(live: Tensor) -> Tensor:
     holes = (~live[:count]).nonzero().squeeze(1)  # (F,) finished rows among the first N'
     rows[holes] = live[count:].nonzero().squeeze(1) + count  # (F,) live rows beyond them
     return rows
+
+
+def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
+    """Raise ConfigError unless temperature > 0, top_k >= 0 and 0 < top_p <= 1."""
+    if temperature <= 0:
+        raise ConfigError(f"temperature must be > 0, got {temperature}")
+    _check_filters(top_k, top_p)
 
 
 def _check_filters(top_k: int, top_p: float) -> None:

@@ -8,9 +8,10 @@ import torch
 
 from qkv.data.batching import token_budget_batches
 from qkv.data.special import PAD_ID
+from qkv.errors import ConfigError
 from qkv.inference.beam import beam_search
 from qkv.inference.graphed import make_decoder
-from qkv.inference.search import greedy_search, sample
+from qkv.inference.search import check_sampling, greedy_search, sample
 from qkv.model.seq2seq import Seq2SeqTransformer
 
 
@@ -30,6 +31,18 @@ class DecodeOptions:
     max_tokens: int = 6000  # source tokens x beam per batch
     cuda_graphs: bool = True  # on a GPU, replay each decoding step as a CUDA graph
 
+    def __post_init__(self) -> None:
+        """Raise ConfigError for a setting out of range, before any decoding."""
+        if self.beam_size < 1:
+            raise ConfigError(f"beam size must be >= 1, got {self.beam_size}")
+        if self.max_len_a < 0 or self.max_len_b < 0:
+            raise ConfigError(
+                f"max_len_a and max_len_b must be >= 0, got {self.max_len_a}, {self.max_len_b}"
+            )
+        if self.max_tokens < 1:
+            raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        check_sampling(self.temperature, self.top_k, self.top_p)
+
 
 @torch.no_grad()
 def translate_ids(
@@ -43,7 +56,7 @@ def translate_ids(
     out: list[list[int]] = [[] for _ in sources]
     todo = [i for i, s in enumerate(sources) if s]
     lengths = [len(sources[i]) for i in todo]
-    budget = max(options.max_tokens // max(options.beam_size, 1), 1)
+    budget = max(options.max_tokens // options.beam_size, 1)
     generator = torch.Generator(device=device).manual_seed(options.seed)
     limit = model.config.max_len - 1
     for batch in token_budget_batches(lengths, budget, shuffle=False, seed=0, epoch=0):
@@ -55,7 +68,7 @@ def translate_ids(
         src = src.to(device)
         src_lengths = (src != PAD_ID).sum(1)  # (B,)
         max_lengths = (src_lengths * options.max_len_a + options.max_len_b).long().clamp(1, limit)
-        beams = 1 if options.sampling else max(options.beam_size, 1)
+        beams = 1 if options.sampling else options.beam_size
         decoder = make_decoder(
             model, src, int(max_lengths.max()) + 1, len(rows) * beams, options.cuda_graphs
         )

@@ -1,0 +1,31 @@
+"""DecodeOptions refuses settings out of range when it is made, before any decoding."""
+
+from __future__ import annotations
+
+import pytest
+
+from qkv.errors import ConfigError
+from qkv.inference.translate import DecodeOptions
+
+BAD = {
+    "beam size 0": ({"beam_size": 0}, "beam size must be >= 1, got 0"),
+    "negative beam size": ({"beam_size": -2}, "beam size must be >= 1, got -2"),
+    "negative max_len_a": ({"max_len_a": -1.0}, "max_len_a and max_len_b must be >= 0"),
+    "negative max_len_b": ({"max_len_b": -3}, "max_len_a and max_len_b must be >= 0"),
+    "no tokens per batch": ({"max_tokens": 0}, "max_tokens must be >= 1, got 0"),
+    "temperature 0": ({"temperature": 0.0}, "temperature must be > 0"),
+    "negative top_k": ({"top_k": -1}, "top_k must be >= 0"),
+    "top_p 0": ({"top_p": 0.0}, r"top_p must be in \(0, 1\]"),
+    "top_p above 1": ({"top_p": 1.5}, r"top_p must be in \(0, 1\]"),
+}
+
+
+@pytest.mark.parametrize(("fields", "message"), BAD.values(), ids=BAD.keys())
+def test_out_of_range_settings_are_config_errors(fields: dict[str, float], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        DecodeOptions(**fields)  # type: ignore[arg-type]
+
+
+def test_defaults_and_edges_are_accepted() -> None:
+    DecodeOptions()
+    DecodeOptions(beam_size=1, max_len_a=0.0, max_len_b=0, max_tokens=1, top_k=0, top_p=1.0)
