@@ -90,8 +90,14 @@ def test_a_line_that_is_not_an_object_is_an_error(tmp_path: Path) -> None:
 
 
 def test_missing_file_is_a_data_error(tmp_path: Path) -> None:
-    with pytest.raises(DataError, match="cannot read"):
-        read_metrics(tmp_path / "absent.jsonl")
+    with pytest.raises(DataError, match=r"no metrics log here \(not a run directory\?\)"):
+        read_metrics(tmp_path / "metrics.jsonl")
+
+
+def test_non_utf8_log_is_a_data_error(tmp_path: Path) -> None:
+    (tmp_path / "metrics.jsonl").write_bytes(b'{"step": 1}\n\xff\n')
+    with pytest.raises(DataError, match="not UTF-8"):
+        read_metrics(tmp_path / "metrics.jsonl")
 
 
 @pytest.mark.parametrize("content", ["", "\n\n", '{"split": "train", "st'])

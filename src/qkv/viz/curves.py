@@ -53,8 +53,12 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise DataError(path, f"cannot read the metrics log: {error}") from error
+    except FileNotFoundError:
+        raise DataError(path, "no metrics log here (not a run directory?)") from None
+    except OSError as error:
+        raise DataError(path, f"cannot read the metrics log ({error.strerror})") from None
+    except UnicodeDecodeError:
+        raise DataError(path, "the metrics log is not UTF-8 text") from None
     lines = text.splitlines()
     records = []
     for line_number, line in enumerate(lines, start=1):
