@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import stat
 import sys
 from pathlib import Path
 
@@ -122,6 +124,19 @@ def test_translate_and_evaluate_commands(
     assert 0.0 <= scores["bleu"] <= 100.0
     assert scores["bleu_signature"].startswith("nrefs:1")
     assert scores["sentences"] == 10
+
+
+def test_translate_output_replaces_a_file_whole_and_writes_devices_in_place(
+    tiny_run: Path, tmp_path: Path
+) -> None:
+    src, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    src.write_text("July 4, 1976\nMarch 3, 2021\n", encoding="utf-8")
+    out.write_text("an older translation\n" * 5, encoding="utf-8")
+    assert main(["translate", str(tiny_run), "--input", str(src), "--output", str(out)]) == 0
+    assert len(out.read_text(encoding="utf-8").splitlines()) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]  # no temporary
+    assert main(["translate", str(tiny_run), "--input", str(src), "--output", os.devnull]) == 0
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)  # still the device, not a file put there
 
 
 def test_resume_can_extend_training_settings(

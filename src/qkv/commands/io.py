@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
 from qkv.data.readers import read_lines, split_lines
 from qkv.errors import DataError
+from qkv.training.checkpoint import atomic_write_text
 
 
 def input_lines(path: str | None) -> list[str]:
@@ -27,11 +29,19 @@ def input_lines(path: str | None) -> list[str]:
 
 
 def write_lines(path: str | None, lines: list[str]) -> None:
+    """Lines to `path`, or to stdout. A file is replaced whole or not at all (written to a
+    temporary sibling, then renamed); a device or pipe such as /dev/stdout is written in place."""
     text = "".join(line + "\n" for line in lines)
     if path:
+        target = Path(path)
         try:
-            Path(path).write_text(text, encoding="utf-8")
+            if target.exists() and not target.is_file():
+                target.write_text(text, encoding="utf-8")
+            else:
+                atomic_write_text(target, text)
         except OSError as error:
+            with contextlib.suppress(OSError):
+                target.with_name(target.name + ".tmp").unlink(missing_ok=True)
             raise DataError(path, f"cannot write ({error.strerror})") from None
     else:
         sys.stdout.write(text)
