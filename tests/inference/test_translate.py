@@ -1,11 +1,17 @@
-"""DecodeOptions refuses settings out of range when it is made, before any decoding."""
+"""Batched translation of ids: DecodeOptions' checks and the progress bar."""
 
 from __future__ import annotations
 
+import io
+import sys
+
 import pytest
+import torch
 
 from qkv.errors import ConfigError
-from qkv.inference.translate import DecodeOptions
+from qkv.inference.translate import DecodeOptions, translate_ids
+from qkv.model.seq2seq import Seq2SeqTransformer
+from tests.model.helpers import tiny_config
 
 BAD = {
     "beam size 0": ({"beam_size": 0}, "beam size must be >= 1, got 0"),
@@ -29,3 +35,28 @@ def test_out_of_range_settings_are_config_errors(fields: dict[str, float], messa
 def test_defaults_and_edges_are_accepted() -> None:
     DecodeOptions()
     DecodeOptions(beam_size=1, max_len_a=0.0, max_len_b=0, max_tokens=1, top_k=0, top_p=1.0)
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("progress", [True, False])
+def test_progress_bar_only_when_asked_and_on_a_terminal(
+    monkeypatch: pytest.MonkeyPatch, progress: bool
+) -> None:
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(tiny_config(vocab_size=60, max_len=40))
+    sources = [[5, 6, 7], [], [8, 9]]
+    for stream in (Terminal(), io.StringIO()):
+        monkeypatch.setattr(sys, "stderr", stream)
+        found = translate_ids(
+            model, sources, DecodeOptions(max_len_b=3), torch.device("cpu"), progress
+        )
+        assert len(found) == 3 and found[1] == []
+        drawn = stream.getvalue()
+        if progress and isinstance(stream, Terminal):
+            assert "/2 " in drawn and "sent/s" in drawn, repr(drawn)  # two sentences to do
+        else:
+            assert drawn == "", repr(drawn)

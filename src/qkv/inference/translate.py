@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from tqdm import tqdm
 
 from qkv.data.batching import token_budget_batches
 from qkv.data.special import PAD_ID
@@ -50,8 +51,12 @@ def translate_ids(
     sources: list[list[int]],
     options: DecodeOptions,
     device: torch.device,
+    progress: bool = False,
 ) -> list[list[int]]:
-    """Translate token-id sequences (no BOS/EOS) into target ids (no BOS/EOS), in input order."""
+    """Translate token-id sequences (no BOS/EOS) into target ids (no BOS/EOS), in input order.
+
+    With `progress`, a bar of sentences done is drawn on stderr when stderr is a terminal.
+    """
     model.eval()
     out: list[list[int]] = [[] for _ in sources]
     todo = [i for i, s in enumerate(sources) if s]
@@ -59,6 +64,7 @@ def translate_ids(
     budget = max(options.max_tokens // options.beam_size, 1)
     generator = torch.Generator(device=device).manual_seed(options.seed)
     limit = model.config.max_len - 1
+    bar = tqdm(total=len(todo), unit="sent", disable=None if progress else True, leave=False)
     for batch in token_budget_batches(lengths, budget, shuffle=False, seed=0, epoch=0):
         rows = [todo[i] for i in batch]
         width = max(len(sources[r]) for r in rows)
@@ -93,4 +99,6 @@ def translate_ids(
             found = greedy_search(decoder, len(rows), max_lengths)
         for r, tokens in zip(rows, found, strict=True):
             out[r] = tokens
+        bar.update(len(rows))
+    bar.close()
     return out

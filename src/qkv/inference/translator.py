@@ -53,13 +53,18 @@ class Translator:
         return [s[:limit] for s in ids]
 
     def translate(
-        self, sentences: list[str], beam_size: int = 5, **options: float | int | bool
+        self,
+        sentences: list[str],
+        beam_size: int = 5,
+        progress: bool = False,
+        **options: float | int | bool,
     ) -> list[str]:
         """Translate sentences; options are `DecodeOptions` fields (alpha, max_len_a, ...).
 
-        Empty and whitespace-only sentences translate to empty strings, in their places.
+        Empty and whitespace-only sentences translate to empty strings, in their places. With
+        `progress`, a bar of sentences done is drawn on stderr when stderr is a terminal.
         """
         decode = DecodeOptions(beam_size=beam_size, **options)  # type: ignore[arg-type]
         texts = [s if s.strip() else "" for s in sentences]
-        found = translate_ids(self.model, self.encode(texts), decode, self.device)
+        found = translate_ids(self.model, self.encode(texts), decode, self.device, progress)
         return self.tokenizer.decode_batch(found)
