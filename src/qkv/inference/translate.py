@@ -63,42 +63,36 @@ def translate_ids(
     lengths = [len(sources[i]) for i in todo]
     budget = max(options.max_tokens // options.beam_size, 1)
     generator = torch.Generator(device=device).manual_seed(options.seed)
-    limit = model.config.max_len - 1
-    bar = tqdm(total=len(todo), unit="sent", disable=None if progress else True, leave=False)
-    for batch in token_budget_batches(lengths, budget, shuffle=False, seed=0, epoch=0):
-        rows = [todo[i] for i in batch]
-        width = max(len(sources[r]) for r in rows)
-        src = torch.full((len(rows), width), PAD_ID, dtype=torch.long)
-        for j, r in enumerate(rows):
-            src[j, : len(sources[r])] = torch.tensor(sources[r])
-        src = src.to(device)
-        src_lengths = (src != PAD_ID).sum(1)  # (B,)
-        max_lengths = (src_lengths * options.max_len_a + options.max_len_b).long().clamp(1, limit)
-        beams = 1 if options.sampling else options.beam_size
-        decoder = make_decoder(
-            model, src, int(max_lengths.max()) + 1, len(rows) * beams, options.cuda_graphs
-        )
-        if options.sampling:
-            found = sample(
-                decoder,
-                len(rows),
-                max_lengths,
-                options.temperature,
-                options.top_k,
-                options.top_p,
-                generator,
-            )
-        elif options.beam_size > 1:
-            found = [
-                hyps[0].tokens
-                for hyps in beam_search(
-                    decoder, len(rows), options.beam_size, max_lengths, options.alpha
-                )
-            ]
-        else:
-            found = greedy_search(decoder, len(rows), max_lengths)
-        for r, tokens in zip(rows, found, strict=True):
-            out[r] = tokens
-        bar.update(len(rows))
-    bar.close()
+    with tqdm(total=len(todo), unit="sent", disable=None if progress else True, leave=False) as bar:
+        for batch in token_budget_batches(lengths, budget, shuffle=False, seed=0, epoch=0):
+            rows = [todo[i] for i in batch]
+            width = max(len(sources[r]) for r in rows)
+            src = torch.full((len(rows), width), PAD_ID, dtype=torch.long)
+            for j, r in enumerate(rows):
+                src[j, : len(sources[r])] = torch.tensor(sources[r])
+            found = _decode_batch(model, src.to(device), options, generator)
+            for r, tokens in zip(rows, found, strict=True):
+                out[r] = tokens
+            bar.update(len(rows))
     return out
+
+
+def _decode_batch(
+    model: Seq2SeqTransformer, src: torch.Tensor, options: DecodeOptions, generator: torch.Generator
+) -> list[list[int]]:
+    """Sources (B, S), padded, on the model's device -> B lists of target ids."""
+    batch = src.size(0)
+    src_lengths = (src != PAD_ID).sum(1)  # (B,)
+    limit = model.config.max_len - 1
+    max_lengths = (src_lengths * options.max_len_a + options.max_len_b).long().clamp(1, limit)
+    beams = 1 if options.sampling else options.beam_size
+    decoder = make_decoder(
+        model, src, int(max_lengths.max()) + 1, batch * beams, options.cuda_graphs
+    )
+    if options.sampling:
+        top_k, top_p = options.top_k, options.top_p
+        return sample(decoder, batch, max_lengths, options.temperature, top_k, top_p, generator)
+    if options.beam_size > 1:
+        found = beam_search(decoder, batch, options.beam_size, max_lengths, options.alpha)
+        return [hyps[0].tokens for hyps in found]
+    return greedy_search(decoder, batch, max_lengths)
