@@ -363,3 +363,11 @@ def test_config_errors_name_the_field(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(raw))
     with pytest.raises(CheckpointError, match=r"config.json: invalid config \(model.d_model is"):
         RunConfig.load(tmp_path)
+
+
+def test_atomic_write_text_removes_its_temporary_file_on_failure(tmp_path: Path) -> None:
+    target = tmp_path / "taken"
+    target.mkdir()  # a directory: the final rename fails after the temporary file is written
+    with pytest.raises(OSError):
+        ckpt.atomic_write_text(target, "text")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"] and target.is_dir()

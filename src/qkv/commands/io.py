@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from pathlib import Path
 
@@ -40,8 +39,6 @@ def write_lines(path: str | None, lines: list[str]) -> None:
             else:
                 atomic_write_text(target, text)
         except OSError as error:
-            with contextlib.suppress(OSError):
-                target.with_name(target.name + ".tmp").unlink(missing_ok=True)
             raise DataError(path, f"cannot write ({error.strerror})") from None
     else:
         sys.stdout.write(text)

@@ -9,6 +9,7 @@ Loading re-checks every checksum, so a torn or corrupted file is reported, not u
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -52,13 +53,19 @@ def fsync_file(path: Path) -> None:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file, fsync, then rename."""
+    """Write `text` to `path` through a temporary file, fsync, then rename. On failure the
+    temporary file is removed and `path` is as it was."""
     tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with tmp.open("w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
     fsync_dir(path.parent)
 
 
