@@ -192,7 +192,11 @@ def test_translate_bad_stdin(
 
 @pytest.mark.parametrize(
     ("option", "message"),
-    [(["--beam", "0"], "beam size must be >= 1"), (["--sample", "--top-p", "0"], "top_p")],
+    [
+        (["--beam", "0"], "beam size must be >= 1"),
+        (["--sample", "--top-p", "0"], "top_p"),
+        (["--workers", "0"], "workers must be >= 1"),
+    ],
 )
 def test_translate_refuses_options_out_of_range(
     capsys: pytest.CaptureFixture[str], translation_run: Path, option: list[str], message: str
@@ -215,15 +219,20 @@ def test_translate_to_unwritable_output(
 def test_translate_and_evaluate_work_on_the_good_files(
     capsys: pytest.CaptureFixture[str], translation_run: Path, tmp_path: Path
 ) -> None:
-    out = tmp_path / "out.en"
+    out, out_workers = tmp_path / "out.en", tmp_path / "out_workers.en"
     assert cli("translate", translation_run, "--input", TEXT / "src.de", "--output", out) == 0
     assert len(out.read_text(encoding="utf-8").splitlines()) == 8
+    options = ["--input", TEXT / "src.de", "--output", out_workers, "--workers", "2"]
+    assert cli("translate", translation_run, *options) == 0
+    assert out_workers.read_text(encoding="utf-8") == out.read_text(encoding="utf-8")
     capsys.readouterr()
     src, ref = TEXT / "src.de", TEXT / "ref.en"
-    assert (
-        cli("evaluate", translation_run, "--src", src, "--ref", ref, "--json", "--beam", "2") == 0
-    )
-    assert "bleu" in json.loads(capsys.readouterr().out)
+    scores = []
+    for workers in ("1", "2"):
+        options = ["--src", src, "--ref", ref, "--json", "--beam", "2", "--workers", workers]
+        assert cli("evaluate", translation_run, *options) == 0
+        scores.append(json.loads(capsys.readouterr().out))
+    assert "bleu" in scores[0] and scores[0] == scores[1]
 
 
 EVALUATE = {

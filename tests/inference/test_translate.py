@@ -23,6 +23,7 @@ BAD = {
     "negative top_k": ({"top_k": -1}, "top_k must be >= 0"),
     "top_p 0": ({"top_p": 0.0}, r"top_p must be in \(0, 1\]"),
     "top_p above 1": ({"top_p": 1.5}, r"top_p must be in \(0, 1\]"),
+    "no workers": ({"workers": 0}, "workers must be >= 1, got 0"),
 }
 
 

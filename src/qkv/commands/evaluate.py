@@ -30,7 +30,9 @@ def _translation(args: argparse.Namespace) -> int:
     sources, references = read_parallel(Path(args.src), Path(args.ref))
     tune_allocator()  # decoding allocates the same large blocks every step
     translator = Translator.load(args.run_dir)
-    hypotheses = translator.translate(sources, beam_size=args.beam, progress=True)
+    hypotheses = translator.translate(
+        sources, beam_size=args.beam, progress=True, workers=args.workers
+    )
     scores = score_translations(hypotheses, references)
     if args.json:
         print_json({"beam": args.beam, **scores.to_dict()})

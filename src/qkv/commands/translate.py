@@ -23,6 +23,7 @@ def run(args: argparse.Namespace) -> int:
         top_k=args.top_k,
         top_p=args.top_p,
         cuda_graphs=not args.no_cuda_graphs,
+        workers=args.workers,
         progress=True,
     )
     write_lines(args.output, outputs)

@@ -13,6 +13,7 @@ from qkv.errors import ConfigError
 from qkv.inference.beam import beam_search
 from qkv.inference.graphed import make_decoder
 from qkv.inference.search import check_sampling, greedy_search, sample
+from qkv.inference.workers import check_workers, map_in_workers
 from qkv.model.seq2seq import Seq2SeqTransformer
 
 
@@ -31,6 +32,7 @@ class DecodeOptions:
     seed: int = 0
     max_tokens: int = 6000  # source tokens x beam per batch
     cuda_graphs: bool = True  # on a GPU, replay each decoding step as a CUDA graph
+    workers: int = 1  # on a CPU, processes decoding batches side by side, one thread each
 
     def __post_init__(self) -> None:
         """Raise ConfigError for a setting out of range, before any decoding."""
@@ -42,10 +44,11 @@ class DecodeOptions:
             )
         if self.max_tokens < 1:
             raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.workers < 1:
+            raise ConfigError(f"workers must be >= 1, got {self.workers}")
         check_sampling(self.temperature, self.top_k, self.top_p)
 
 
-@torch.no_grad()
 def translate_ids(
     model: Seq2SeqTransformer,
     sources: list[list[int]],
@@ -55,28 +58,44 @@ def translate_ids(
 ) -> list[list[int]]:
     """Translate token-id sequences (no BOS/EOS) into target ids (no BOS/EOS), in input order.
 
-    With `progress`, a bar of sentences done is drawn on stderr when stderr is a terminal.
+    Batches go to `options.workers` processes on a CPU (see `workers.py`); the output does not
+    depend on how many: each batch samples from its own generator, seeded from `options.seed`
+    and the batch's place. With `progress`, a bar of sentences done is drawn on stderr when
+    stderr is a terminal.
     """
+    check_workers(options.workers, device)
     model.eval()
     out: list[list[int]] = [[] for _ in sources]
     todo = [i for i, s in enumerate(sources) if s]
     lengths = [len(sources[i]) for i in todo]
     budget = max(options.max_tokens // options.beam_size, 1)
-    generator = torch.Generator(device=device).manual_seed(options.seed)
+    batches = [
+        [todo[i] for i in batch]
+        for batch in token_budget_batches(lengths, budget, shuffle=False, seed=0, epoch=0)
+    ]
+    seeds = torch.randint(
+        2**62, (len(batches),), generator=torch.Generator().manual_seed(options.seed)
+    ).tolist()
+
+    def decode(index: int) -> list[list[int]]:
+        rows = batches[index]
+        width = max(len(sources[r]) for r in rows)
+        src = torch.full((len(rows), width), PAD_ID, dtype=torch.long)  # (B, S)
+        for j, r in enumerate(rows):
+            src[j, : len(sources[r])] = torch.tensor(sources[r])
+        generator = torch.Generator(device=device).manual_seed(seeds[index])
+        return _decode_batch(model, src.to(device), options, generator)
+
+    found_batches = map_in_workers(decode, len(batches), options.workers)
     with tqdm(total=len(todo), unit="sent", disable=None if progress else True, leave=False) as bar:
-        for batch in token_budget_batches(lengths, budget, shuffle=False, seed=0, epoch=0):
-            rows = [todo[i] for i in batch]
-            width = max(len(sources[r]) for r in rows)
-            src = torch.full((len(rows), width), PAD_ID, dtype=torch.long)
-            for j, r in enumerate(rows):
-                src[j, : len(sources[r])] = torch.tensor(sources[r])
-            found = _decode_batch(model, src.to(device), options, generator)
+        for rows, found in zip(batches, found_batches, strict=True):
             for r, tokens in zip(rows, found, strict=True):
                 out[r] = tokens
             bar.update(len(rows))
     return out
 
 
+@torch.no_grad()
 def _decode_batch(
     model: Seq2SeqTransformer, src: torch.Tensor, options: DecodeOptions, generator: torch.Generator
 ) -> list[list[int]]:

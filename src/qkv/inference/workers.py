@@ -1,0 +1,80 @@
+"""Decoding on a CPU in several processes of one thread each: `map_in_workers(job, n, workers)`.
+
+A decoding step multiplies small matrices (64 rows by 256 columns for a batch of 64) and runs
+dozens of small operations. Two threads on one such step wait for each other at every
+operation. Two processes, each decoding its own batches on one thread, do not. On a 2-core
+machine that gives about 1.4x the sentences per second (`benchmarks/README.md`). Translators
+built for CPUs work this way: CTranslate2's `inter_threads` is the same split.
+
+The workers are forked, so they start in milliseconds and share the parent's model, whose
+weights are read and never written, so the pages stay shared. A forked child cannot use the
+parent's OpenMP thread pool, so each worker runs torch on one thread, which is the point here.
+Only batches' indices go to the workers and only plain results come back.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import warnings
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, TypeVar
+
+import torch
+
+from qkv.errors import ConfigError, QkvError
+
+Result = TypeVar("Result")
+
+_JOB: Callable[[int], Any] | None = None
+"""The job of the pool being started; forked workers inherit it, so it is never pickled."""
+
+
+def check_workers(workers: int, device: torch.device) -> None:
+    """Raise ConfigError when `workers` > 1 processes cannot decode on `device`."""
+    if workers > 1 and device.type != "cpu":
+        raise ConfigError(f"workers > 1 decode on a CPU only; this model is on {device.type}")
+    if workers > 1 and "fork" not in multiprocessing.get_all_start_methods():
+        raise ConfigError("workers > 1 need processes started by fork, which this system lacks")
+
+
+def map_in_workers(job: Callable[[int], Result], count: int, workers: int) -> Iterator[Result]:
+    """`job(0), ..., job(count - 1)`, yielded in order, computed by `workers` processes.
+
+    With one worker (or one job) everything runs here, on torch's threads. Otherwise each
+    worker takes the next index when it is free, so long and short jobs even out. A job's
+    exception is raised here; a worker that dies (killed, out of memory) raises QkvError.
+    """
+    if workers <= 1 or count <= 1:
+        yield from map(job, range(count))
+        return
+    global _JOB
+    _JOB = job
+    pool = ProcessPoolExecutor(
+        min(workers, count), mp_context=multiprocessing.get_context("fork"), initializer=_start
+    )
+    try:
+        with warnings.catch_warnings():
+            # Python >= 3.12 warns at fork when the process has threads (here OpenMP's idle
+            # pool). Workers never touch that pool: they run torch on one thread of their own.
+            warnings.filterwarnings(
+                "ignore", "This process .* is multi-threaded", DeprecationWarning
+            )
+            results = pool.map(_run, range(count))
+        yield from results
+    except BrokenProcessPool as error:
+        raise QkvError("a decoding worker process died (killed, or out of memory?)") from error
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        _JOB = None
+
+
+def _start() -> None:
+    torch.set_num_threads(1)
+
+
+def _run(index: int) -> Any:
+    if _JOB is None:  # only a pool started by map_in_workers runs this
+        raise RuntimeError("no job: workers must be forked by map_in_workers")
+    return _JOB(index)

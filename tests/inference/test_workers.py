@@ -1,0 +1,86 @@
+"""Decoding in forked worker processes: order, errors, one thread each, same output."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from qkv.errors import ConfigError, QkvError
+from qkv.inference import workers as workers_module
+from qkv.inference.translate import DecodeOptions, translate_ids
+from qkv.inference.workers import check_workers, map_in_workers
+from qkv.model.seq2seq import Seq2SeqTransformer
+from tests.model.helpers import tiny_config
+
+
+def where(index: int) -> tuple[int, int, int]:
+    return index, os.getpid(), torch.get_num_threads()
+
+
+def test_results_come_in_order_from_worker_processes_of_one_thread() -> None:
+    found = list(map_in_workers(where, 7, workers=2))
+    assert [index for index, _, _ in found] == list(range(7))
+    pids = {pid for _, pid, _ in found}
+    assert os.getpid() not in pids and 1 <= len(pids) <= 2
+    assert {threads for _, _, threads in found} == {1}
+
+
+def test_one_worker_or_one_job_runs_here() -> None:
+    for count, workers in ((3, 1), (1, 4), (0, 2)):
+        found = list(map_in_workers(where, count, workers))
+        assert [index for index, _, _ in found] == list(range(count))
+        assert {pid for _, pid, _ in found} <= {os.getpid()}
+
+
+def fail_on_two(index: int) -> int:
+    if index == 2:
+        raise ValueError(f"job {index} failed")
+    return index
+
+
+def die_on_one(index: int) -> int:
+    if index == 1:
+        os._exit(3)
+    return index
+
+
+def test_a_jobs_error_is_raised_here() -> None:
+    with pytest.raises(ValueError, match="job 2 failed"):
+        list(map_in_workers(fail_on_two, 4, workers=2))
+    assert workers_module._JOB is None
+
+
+def test_a_dead_worker_is_a_clear_error() -> None:
+    with pytest.raises(QkvError, match="worker process died"):
+        list(map_in_workers(die_on_one, 4, workers=2))
+
+
+def test_workers_need_a_cpu_and_fork(monkeypatch: pytest.MonkeyPatch) -> None:
+    check_workers(1, torch.device("cuda"))
+    check_workers(2, torch.device("cpu"))
+    with pytest.raises(ConfigError, match="on a CPU only; this model is on cuda"):
+        check_workers(2, torch.device("cuda"))
+    monkeypatch.setattr(workers_module.multiprocessing, "get_all_start_methods", lambda: ["spawn"])
+    with pytest.raises(ConfigError, match="started by fork"):
+        check_workers(2, torch.device("cpu"))
+
+
+@pytest.mark.parametrize(
+    "fields", [{}, {"beam_size": 3}, {"sampling": True, "top_k": 5, "seed": 7}], ids=str
+)
+def test_translation_does_not_depend_on_the_number_of_workers(fields: dict[str, int]) -> None:
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(tiny_config(vocab_size=60, max_len=40))
+    generator = torch.Generator().manual_seed(1)
+    sources = [
+        torch.randint(4, 60, (int(n),), generator=generator).tolist()
+        for n in torch.randint(1, 12, (23,), generator=generator)
+    ]
+    sources[5] = []
+    options = [DecodeOptions(max_len_b=6, max_tokens=30, workers=w, **fields) for w in (1, 2, 3)]
+    cpu = torch.device("cpu")
+    one, two, three = (translate_ids(model, sources, o, cpu) for o in options)
+    assert one == two == three
+    assert one[5] == [] and sum(map(len, one)) > 0
