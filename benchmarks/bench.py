@@ -7,7 +7,9 @@ Every system has the same shape (d_model 256, 4 heads, d_ff 1024, 3 + 3 layers, 
 separate 8,000-token vocabularies) and sees the same synthetic Multi30k-shaped data. Each
 measurement runs in a fresh worker process with `--threads` torch threads: the matmul peak,
 each system's training and decoding, then qkv interleaved step by step with the fastest peer,
-and a profile of qkv's training step. Peers that are not installed are skipped with a note.
+qkv and the fastest decoding peer decoding in `--threads` processes of one thread (qkv's
+`--workers`), and a profile of qkv's training step. Peers that are not installed are
+skipped with a note.
 """
 
 from __future__ import annotations
@@ -122,6 +124,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     import torch
     from phases import phase_decode, phase_pair, phase_peak, phase_train
     from profile_step import phase_profile
+    from workers_phase import phase_workers
 
     measure = {
         "peak": phase_peak,
@@ -129,6 +132,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         "decode": phase_decode,
         "pair": phase_pair,
         "profile": phase_profile,
+        "workers": phase_workers,
     }
     threads = torch.get_num_threads()
     torch.set_num_threads(job["threads"])
@@ -191,6 +195,8 @@ def main_run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     if fastest_decode and not args.no_pair:
         pairs.append(run_phase("pair", args, peer=fastest_decode, pair_part="decode"))
     results["pairs"] = pairs
+    if fastest_decode and args.device == "cpu" and not args.no_workers and args.threads > 1:
+        results["workers"] = run_phase("workers", args, peer=fastest_decode)
     if not args.no_profile and args.device == "cpu":  # CPU op profiles and wall-clock parts
         results["profile"] = run_phase("profile", args, system="qkv")
     results["load_end"] = machine_load(2 * args.load_interval)
@@ -249,6 +255,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--no-pair", action="store_true", help="skip the interleaved A/B runs")
     parser.add_argument("--no-decode", action="store_true", help="measure training only")
     parser.add_argument("--no-profile", action="store_true")
+    parser.add_argument(
+        "--no-workers",
+        action="store_true",
+        help="skip decoding in --threads worker processes of one thread (CPU only)",
+    )
     parser.add_argument(
         "--no-cuda-graphs",
         action="store_true",

@@ -130,6 +130,41 @@ def pairs(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def workers(results: dict[str, Any]) -> list[str]:
+    """Decoding in one process of N threads against N worker processes of one thread."""
+    w = results.get("workers")
+    if not w or "error" in w:
+        return ["", "Decoding in worker processes: failed (see the JSON)."] if w else []
+    kinds = [k for k in ("greedy", "beam") if k in w]
+    peer, n = w["peer"], w["workers"]
+    lines = [
+        "",
+        f"### Decoding in {n} worker processes of one thread (`--workers {n}`), interleaved",
+        "",
+        f"Both systems through qkv's `map_in_workers`; a pass decodes all {w['sentences']} "
+        "sentences, the workers' start included. Ratios are against the peer in one process "
+        f"(as it ships) and against the peer split the same way.",
+        "",
+        "| system | processes × threads | "
+        + " | ".join(f"{k} sent/s | ×{peer} | ×{peer} split" for k in kinds)
+        + " | private MB per worker |",
+        "|---|---|" + "---:|---:|---:|" * len(kinds) + "---:|",
+    ]
+    for index, row in enumerate(w[kinds[0]]):
+        cells = []
+        for kind in kinds:
+            rows = {(r["system"], r["workers"]): r["sentences_per_s"] for r in w[kind]}
+            value = w[kind][index]["sentences_per_s"]
+            cells += [fmt(value, 1), ratio(value, rows[(peer, 1)]), ratio(value, rows[(peer, n)])]
+        private = max((w[k][index]["worker_private_mb"] or 0.0) for k in kinds)
+        lines.append(
+            f"| {row['system']} | {row['workers']} × {row['threads_each']} | "
+            + " | ".join(cells)
+            + f" | {fmt(private) if private else '—'} |"
+        )
+    return lines
+
+
 def profile(results: dict[str, Any]) -> list[str]:
     p = results.get("profile")
     if not p or "error" in p:
@@ -187,6 +222,7 @@ def load_lines(results: dict[str, Any]) -> list[str]:
         results["peak"],
         *(r[k] for r in results["systems"].values() for k in ("train", "decode")),
         *results.get("pairs", []),
+        *([results["workers"]] if "workers" in results else []),
     ]
     busy = [r["load_before"]["busy"] for r in phases if r.get("load_before")]
     probes = [x for r in phases for x in r.get("probe_gflops", [])]
@@ -250,6 +286,7 @@ def render(results: dict[str, Any]) -> str:
         "",
         *table(results),
         *pairs(results),
+        *workers(results),
         *profile(results),
     ]
     if results.get("skipped_peers"):

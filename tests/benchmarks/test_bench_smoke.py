@@ -58,6 +58,7 @@ def bench(monkeypatch: pytest.MonkeyPatch) -> object:
         "qkv_side",
         "report",
         "workload",
+        "workers_phase",
     ):
         sys.modules.pop(name, None)  # a fresh import under the patched path
     import bench as module
@@ -115,6 +116,26 @@ def test_qkv_side_and_installed_peers_report_every_field(bench: object, tmp_path
     markdown = out_md.read_text()
     assert "| qkv |" in markdown and "train tok/s, identical batches" in markdown
     assert "### Where a qkv decoding step goes" in markdown
+
+
+def test_workers_phase_decodes_each_system_both_ways(bench: object, tmp_path: Path) -> None:
+    out_json, out_md = tmp_path / "bench.json", tmp_path / "bench.md"
+    two_threads = [x if x != "1" or TINY[i - 1] != "--threads" else "2" for i, x in enumerate(TINY)]
+    options = ["--peers", "torch_nn", "--no-pair", "--no-profile", "--sentences", "4"]
+    bench.main([*two_threads, *options, "--json", str(out_json), "--md", str(out_md)])  # type: ignore[attr-defined]
+    workers = json.loads(out_json.read_text())["workers"]
+    assert workers["peer"] == "torch_nn" and workers["workers"] == 2 and workers["sentences"] == 4
+    rows = workers["greedy"]
+    assert [(r["system"], r["workers"], r["threads_each"]) for r in rows] == [
+        ("qkv", 1, 2),
+        ("qkv", 2, 1),
+        ("torch_nn", 1, 2),
+        ("torch_nn", 2, 1),
+    ]
+    assert all(r["sentences_per_s"] > 0 for r in rows)
+    assert [r["worker_private_mb"] is not None for r in rows] == [False, True, False, True]
+    assert "beam" not in workers  # torch_nn has no beam search
+    assert "### Decoding in 2 worker processes of one thread" in out_md.read_text()
 
 
 def test_bf16_runs_every_system_under_autocast(bench: object, tmp_path: Path) -> None:
