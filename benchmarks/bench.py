@@ -6,9 +6,9 @@
 Every system has the same shape (d_model 256, 4 heads, d_ff 1024, 3 + 3 layers, dropout 0.1,
 separate 8,000-token vocabularies) and sees the same synthetic Multi30k-shaped data. Each
 measurement runs in a fresh worker process with `--threads` torch threads: the matmul peak,
-each system's training and decoding, then qkv interleaved step by step with the fastest peer,
-qkv and the fastest decoding peer decoding in `--threads` processes of one thread (qkv's
-`--workers`), and a profile of qkv's training step. Peers that are not installed are
+each system's training and decoding, then qkv interleaved step by step with the fastest peer
+(decoding: with Hugging Face), qkv and Hugging Face decoding in `--threads` processes of one
+thread (qkv's `--workers`), and a profile of qkv's training step. Peers that are not installed are
 skipped with a note.
 """
 
@@ -160,6 +160,10 @@ def machine_load(interval: float) -> dict[str, float]:
     return {"loadavg_1m": load1, "busy": 1.0 - (delta[3] + delta[4]) / max(sum(delta[:8]), 1)}
 
 
+def greedy_speed(result: dict[str, Any]) -> float | None:
+    return result.get("greedy", {}).get("sentences_per_s")
+
+
 def best(results: dict[str, Any], peers: list[str], key: Any) -> str | None:
     found = {p: key(results[p]) for p in peers if p in results and key(results[p])}
     return max(found, key=lambda p: found[p]) if found else None
@@ -191,12 +195,14 @@ def main_run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     fastest_train = best(train, peers, lambda r: r.get("identical", {}).get("tgt_tokens_per_s"))
     if fastest_train and not args.no_pair:
         pairs.append(run_phase("pair", args, peer=fastest_train, pair_part="train"))
-    fastest_decode = best(decode, peers, lambda r: r.get("greedy", {}).get("sentences_per_s"))
-    if fastest_decode and not args.no_pair:
-        pairs.append(run_phase("pair", args, peer=fastest_decode, pair_part="decode"))
+    # The decoding targets name Hugging Face's `generate`, the one peer with beam search too.
+    decode_peer = "hf_marian" if "hf_marian" in peers else best(decode, peers, greedy_speed)
+    if decode_peer and not args.no_decode and not args.no_pair:
+        pairs.append(run_phase("pair", args, peer=decode_peer, pair_part="decode"))
     results["pairs"] = pairs
-    if fastest_decode and args.device == "cpu" and not args.no_workers and args.threads > 1:
-        results["workers"] = run_phase("workers", args, peer=fastest_decode)
+    split = args.device == "cpu" and args.threads > 1 and not args.no_workers
+    if decode_peer and not args.no_decode and split:
+        results["workers"] = run_phase("workers", args, peer=decode_peer)
     if not args.no_profile and args.device == "cpu":  # CPU op profiles and wall-clock parts
         results["profile"] = run_phase("profile", args, system="qkv")
     results["load_end"] = machine_load(2 * args.load_interval)

@@ -48,6 +48,7 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
     translate.add_argument("--temperature", type=float, default=1.0)
     translate.add_argument("--top-k", type=int, default=0)
     translate.add_argument("--top-p", type=float, default=1.0)
+    translate.add_argument("--seed", type=int, default=0, help="random seed of --sample")
     translate.add_argument(
         "--no-cuda-graphs",
         action="store_true",

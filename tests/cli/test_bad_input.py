@@ -235,6 +235,18 @@ def test_translate_and_evaluate_work_on_the_good_files(
     assert "bleu" in scores[0] and scores[0] == scores[1]
 
 
+def test_sampling_is_reproducible_by_its_seed(
+    capsys: pytest.CaptureFixture[str], translation_run: Path
+) -> None:
+    outputs = []
+    for seed in ("1", "1", "2"):
+        options = ["--input", TEXT / "src.de", "--sample", "--temperature", "5", "--seed", seed]
+        assert cli("translate", translation_run, *options) == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1] != outputs[2]
+    assert len(outputs[0].splitlines()) == 8
+
+
 EVALUATE = {
     "line counts differ": ("src.de", "ref_short.en", "src.de", None),
     "empty reference line": ("src.de", "ref_empty_line.en", "ref_empty_line.en", 5),

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import signal
+import threading
+import time
 
 import pytest
 import torch
@@ -84,3 +88,23 @@ def test_translation_does_not_depend_on_the_number_of_workers(fields: dict[str, 
     one, two, three = (translate_ids(model, sources, o, cpu) for o in options)
     assert one == two == three
     assert one[5] == [] and sum(map(len, one)) > 0
+
+
+def sleep_long(index: int) -> int:
+    time.sleep(60)
+    return index
+
+
+def test_an_interrupt_stops_the_workers_at_once() -> None:
+    before = set(multiprocessing.active_children())
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+    start = time.monotonic()
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            list(map_in_workers(sleep_long, 4, workers=2))
+    finally:
+        timer.cancel()
+    assert time.monotonic() - start < 30  # not the 60 s of the batches under way
+    assert set(multiprocessing.active_children()) <= before
+    assert workers_module._JOB is None

@@ -22,6 +22,7 @@ def run(args: argparse.Namespace) -> int:
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
+        seed=args.seed,
         cuda_graphs=not args.no_cuda_graphs,
         workers=args.workers,
         progress=True,

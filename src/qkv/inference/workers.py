@@ -15,6 +15,7 @@ Only batches' indices go to the workers and only plain results come back.
 from __future__ import annotations
 
 import multiprocessing
+import signal
 import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -45,12 +46,14 @@ def map_in_workers(job: Callable[[int], Result], count: int, workers: int) -> It
     With one worker (or one job) everything runs here, on torch's threads. Otherwise each
     worker takes the next index when it is free, so long and short jobs even out. A job's
     exception is raised here; a worker that dies (killed, out of memory) raises QkvError.
+    On KeyboardInterrupt here, the workers are stopped at once.
     """
     if workers <= 1 or count <= 1:
         yield from map(job, range(count))
         return
     global _JOB
     _JOB = job
+    others = set(multiprocessing.active_children())
     pool = ProcessPoolExecutor(
         min(workers, count), mp_context=multiprocessing.get_context("fork"), initializer=_start
     )
@@ -65,12 +68,17 @@ def map_in_workers(job: Callable[[int], Result], count: int, workers: int) -> It
         yield from results
     except BrokenProcessPool as error:
         raise QkvError("a decoding worker process died (killed, or out of memory?)") from error
+    except KeyboardInterrupt:  # stop now, not after the batches under way
+        for process in set(multiprocessing.active_children()) - others:
+            process.terminate()
+        raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
         _JOB = None
 
 
 def _start() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     torch.set_num_threads(1)
 
 
