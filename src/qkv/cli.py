@@ -67,7 +67,7 @@ def _add_workers(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=1,
         metavar="N",
-        help="on a CPU, decode batches in N processes of one thread each (best: one per core)",
+        help="translation on a CPU: decode in N processes of one thread each (one per core)",
     )
 
 
