@@ -343,18 +343,29 @@ def _pair_train(args: Any, shape: Shape, systems: list[Any]) -> dict[str, Any]:
     }
 
 
+def decoding_kinds(
+    args: Any, systems: list[Any]
+) -> dict[str, Callable[[Any, torch.Tensor], torch.Tensor]]:
+    """Greedy, and beam search when `--beam` and every system has one: (system, batch) ->
+    (B, --new-tokens) ids."""
+    kinds: dict[str, Callable[[Any, torch.Tensor], torch.Tensor]] = {
+        "greedy": lambda s, b: s.greedy(b, args.new_tokens)
+    }
+    if args.beam and all(hasattr(s, "beam") for s in systems):
+        kinds["beam"] = lambda s, b: s.beam(b, args.new_tokens, args.beam)
+    return kinds
+
+
 def _pair_decode(args: Any, shape: Shape, systems: list[Any]) -> dict[str, Any]:
     batches = decode_batches(args, shape)
-    kinds = [("greedy", lambda s, b: s.greedy(b, args.new_tokens))]
-    if args.beam and all(hasattr(s, "beam") for s in systems):
-        kinds.append(("beam", lambda s, b: s.beam(b, args.new_tokens, args.beam)))
+    kinds = decoding_kinds(args, systems)
     out = {}
     with torch.inference_mode():
         for system in systems:
             system.model.eval()
             with autocast(args):
                 system.greedy(batches[0][:4], 3)
-        for kind, run in kinds:
+        for kind, run in kinds.items():
             if untimed_pass_first(args):
                 for batch in batches:
                     for system in systems:

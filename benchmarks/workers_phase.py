@@ -24,7 +24,7 @@ from typing import Any
 import bench
 import report
 import torch
-from phases import build, decode_batches, probe_gflops
+from phases import build, decode_batches, decoding_kinds, probe_gflops
 from workload import SHAPES
 
 from qkv.inference.workers import map_in_workers
@@ -39,11 +39,7 @@ def phase_workers(args: Any) -> dict[str, Any]:
     systems = {name: build(name, shape, args) for name in ("qkv", args.peer)}
     batches = decode_batches(args, shape)
     sentences = sum(b.size(0) for b in batches)
-    kinds: dict[str, Callable[[Any, torch.Tensor], torch.Tensor]] = {
-        "greedy": lambda s, b: s.greedy(b, args.new_tokens)
-    }
-    if args.beam and all(hasattr(s, "beam") for s in systems.values()):
-        kinds["beam"] = lambda s, b: s.beam(b, args.new_tokens, args.beam)
+    kinds = decoding_kinds(args, list(systems.values()))
     ways: list[Way] = [(name, w) for name in systems for w in (1, args.threads)]
     result: dict[str, Any] = {"peer": args.peer, "workers": args.threads, "sentences": sentences}
     for system in systems.values():
@@ -55,12 +51,13 @@ def phase_workers(args: Any) -> dict[str, Any]:
         private: dict[Way, float] = {}
         for repeat in range(args.decode_repeats):
             for way in ways if repeat % 2 == 0 else ways[::-1]:
-                job = decoding_job(systems[way[0]], run, batches, args.new_tokens)
+                split = way[1] > 1
+                job = decoding_job(systems[way[0]], run, batches, args.new_tokens, split)
                 start = time.perf_counter()
                 found = list(map_in_workers(job, len(batches), way[1]))
                 seconds[way].append(time.perf_counter() - start)
-                if way[1] > 1:
-                    private[way] = max(private.get(way, 0.0), *(mb for mb in found))
+                if split:
+                    private[way] = max(private.get(way, 0.0), *found)
         result[kind] = [
             {
                 "system": name,
@@ -82,15 +79,17 @@ def decoding_job(
     run: Callable[[Any, torch.Tensor], torch.Tensor],
     batches: list[torch.Tensor],
     n: int,
+    in_worker: bool,
 ) -> Callable[[int], float]:
-    """Decode batch i, check its shape, return the private memory of the process in MB."""
+    """Decode batch i and check its shape; in a worker, return the worker's private memory in
+    MB (0 in this process, whose memory is the decode phase's to measure)."""
 
     def job(index: int) -> float:
         batch = batches[index]
         with torch.inference_mode():
             out = run(system, batch)
         assert out.shape == (batch.size(0), n), (tuple(out.shape), n)
-        return private_mb()
+        return private_mb() if in_worker else 0.0
 
     return job
 
