@@ -235,6 +235,17 @@ def test_translate_and_evaluate_work_on_the_good_files(
     assert "bleu" in scores[0] and scores[0] == scores[1]
 
 
+def test_translate_and_evaluate_in_bf16(
+    capsys: pytest.CaptureFixture[str], translation_run: Path
+) -> None:
+    assert cli("translate", translation_run, "--input", TEXT / "src.de", "--bf16") == 0
+    assert len(capsys.readouterr().out.splitlines()) == 8
+    options = ["--src", TEXT / "src.de", "--ref", TEXT / "ref.en", "--json", "--bf16"]
+    assert cli("evaluate", translation_run, *options) == 0
+    scores = json.loads(capsys.readouterr().out)
+    assert scores["bf16"] is True and 0.0 <= scores["bleu"] <= 100.0
+
+
 def test_sampling_is_reproducible_by_its_seed(
     capsys: pytest.CaptureFixture[str], translation_run: Path
 ) -> None:

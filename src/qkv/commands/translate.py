@@ -25,6 +25,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         cuda_graphs=not args.no_cuda_graphs,
         workers=args.workers,
+        bf16=args.bf16,
         progress=True,
     )
     write_lines(args.output, outputs)

@@ -12,6 +12,7 @@ from qkv.data.special import PAD_ID
 from qkv.errors import ConfigError
 from qkv.inference.beam import beam_search
 from qkv.inference.graphed import make_decoder
+from qkv.inference.precision import decoding_model
 from qkv.inference.search import check_sampling, greedy_search, sample
 from qkv.inference.workers import check_workers, map_in_workers
 from qkv.model.seq2seq import Seq2SeqTransformer
@@ -33,6 +34,7 @@ class DecodeOptions:
     max_tokens: int = 6000  # source tokens x beam per batch
     cuda_graphs: bool = True  # on a GPU, replay each decoding step as a CUDA graph
     workers: int = 1  # on a CPU, processes decoding batches side by side, one thread each
+    bf16: bool = False  # decode a bfloat16 copy of the model (see `precision.py`)
 
     def __post_init__(self) -> None:
         """Raise ConfigError for a setting out of range, before any decoding."""
@@ -61,10 +63,11 @@ def translate_ids(
     Batches go to `options.workers` processes on a CPU (see `workers.py`); the output does not
     depend on how many: each batch samples from its own generator, seeded from `options.seed`
     and the batch's place. With `progress`, a bar of sentences done is drawn on stderr when
-    stderr is a terminal.
+    stderr is a terminal. With `options.bf16`, a bfloat16 copy of the model decodes; `model`
+    itself is left as it is.
     """
     check_workers(options.workers, device)
-    model.eval()
+    model = decoding_model(model.eval(), options.bf16, device)
     out: list[list[int]] = [[] for _ in sources]
     todo = [i for i, s in enumerate(sources) if s]
     lengths = [len(sources[i]) for i in todo]
