@@ -244,7 +244,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--dtype",
         choices=["fp32", "bf16"],
         default="fp32",
-        help="bf16: every system under torch.autocast, the peak measured in bf16",
+        help="bf16: every system trains under torch.autocast and decodes with its weights in bf16; "
+        "the peak measured in bf16",
     )
     parser.add_argument("--shape", choices=["base", "tiny"], default="base")
     parser.add_argument("--seed", type=int, default=1234)

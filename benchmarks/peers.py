@@ -107,6 +107,7 @@ class Peer:
     name = "?"
     model: nn.Module
     meta: dict[str, Any]
+    bf16_weights = True  # bf16 runs decode with the weights cast to bf16 (else: autocast)
 
     def optimizer(self, lr: float) -> torch.optim.Optimizer:
         # torch's default Adam: on CPU tensors the per-parameter (for-loop) implementation
@@ -274,6 +275,7 @@ class HFMarianPeer(Peer):
 
 class XTransformersPeer(Peer):
     name = "xtransformers"
+    bf16_weights = False  # it makes float32 activations of its own: bf16 decoding needs autocast
 
     def __init__(self, shape: Shape) -> None:
         from x_transformers import XTransformer

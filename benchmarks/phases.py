@@ -1,7 +1,9 @@
 """The measurements. Each runs in a fresh worker process (see `bench.py`) and returns a dict.
 
-Every phase runs on `args.device` (cpu or cuda) in `args.dtype`: fp32, or bf16 under
-`torch.autocast` (weights stay fp32, matmuls and attention run in bf16), the peak in the same.
+Every phase runs on `args.device` (cpu or cuda) in `args.dtype`: fp32, or bf16, the peak in the
+same. In bf16, training runs under `torch.autocast` (weights and optimizer state stay fp32) and
+decoding casts every system's weights to bf16 (`for_decoding`), as bf16 models are decoded:
+Hugging Face's `torch_dtype=torch.bfloat16`, qkv's `translate --bf16`.
 
 peak      fp32 matmul GFLOP/s, the denominator of MFU
 train     target tokens/s on the identical batches (qkv: also on its bucketed batches)
@@ -39,6 +41,21 @@ def autocast(args: Any) -> contextlib.AbstractContextManager[Any]:
     if matmul_dtype(args) == torch.float32:
         return contextlib.nullcontext()
     return torch.autocast(device_of(args).type, dtype=torch.bfloat16)
+
+
+def for_decoding(system: Any, args: Any) -> None:
+    """Eval mode, and under `--dtype bf16` the weights cast to bf16, unless the system decodes
+    under autocast (`bf16_weights` False: x-transformers makes float32 activations of its own)."""
+    system.model.eval()
+    if matmul_dtype(args) == torch.bfloat16 and getattr(system, "bf16_weights", True):
+        system.model.to(torch.bfloat16)
+
+
+def decoding_autocast(system: Any, args: Any) -> contextlib.AbstractContextManager[Any]:
+    """Autocast for a bf16 run of a system whose weights stay float32, else nothing."""
+    if getattr(system, "bf16_weights", True):
+        return contextlib.nullcontext()
+    return autocast(args)
 
 
 def sync(args: Any) -> None:
@@ -239,11 +256,15 @@ def untimed_pass_first(args: Any) -> bool:
 
 
 def time_decoding(
-    fn: Callable[[torch.Tensor], torch.Tensor], batches: list[torch.Tensor], n: int, args: Any
+    system: Any,
+    fn: Callable[[torch.Tensor], torch.Tensor],
+    batches: list[torch.Tensor],
+    n: int,
+    args: Any,
 ) -> float:
     start = time.perf_counter()
     for batch in batches:
-        with autocast(args):
+        with decoding_autocast(system, args):
             out = fn(batch)
         assert out.shape == (batch.size(0), n), (tuple(out.shape), n)
     sync(args)
@@ -255,17 +276,18 @@ def phase_decode(args: Any) -> dict[str, Any]:
     torch.manual_seed(args.seed)
     probes = [probe_gflops(args.probe_size, args)]
     system = build(args.system, shape, args)
-    system.model.eval()
+    for_decoding(system, args)
     batches = decode_batches(args, shape)
     sentences = sum(b.size(0) for b in batches)
-    result: dict[str, Any] = {"system": args.system, "meta": system.meta}
+    weights = str(next(system.model.parameters()).dtype)
+    result: dict[str, Any] = {"system": args.system, "meta": system.meta, "weights": weights}
     with torch.inference_mode():
-        with autocast(args):
+        with decoding_autocast(system, args):
             system.greedy(batches[0][:4], 3)  # warm-up
         skip = int(untimed_pass_first(args))
         seconds = [
             time_decoding(
-                lambda b: system.greedy(b, args.new_tokens), batches, args.new_tokens, args
+                system, lambda b: system.greedy(b, args.new_tokens), batches, args.new_tokens, args
             )
             for _ in range(skip + args.decode_repeats)
         ][skip:]
@@ -276,10 +298,11 @@ def phase_decode(args: Any) -> dict[str, Any]:
         result.update({f"{k}_greedy": v for k, v in memory(args).items()})
         probes.append(probe_gflops(args.probe_size, args))
         if args.beam and hasattr(system, "beam"):
-            with autocast(args):
+            with decoding_autocast(system, args):
                 system.beam(batches[0][:2], 3, args.beam)
             seconds = [
                 time_decoding(
+                    system,
                     lambda b: system.beam(b, args.new_tokens, args.beam),
                     batches,
                     args.new_tokens,
@@ -362,20 +385,20 @@ def _pair_decode(args: Any, shape: Shape, systems: list[Any]) -> dict[str, Any]:
     out = {}
     with torch.inference_mode():
         for system in systems:
-            system.model.eval()
-            with autocast(args):
+            for_decoding(system, args)
+            with decoding_autocast(system, args):
                 system.greedy(batches[0][:4], 3)
         for kind, run in kinds.items():
             if untimed_pass_first(args):
                 for batch in batches:
                     for system in systems:
-                        with autocast(args):
+                        with decoding_autocast(system, args):
                             run(system, batch)
             seconds: list[list[float]] = [[], []]
             for index, batch in enumerate(batches):
                 for side in (0, 1) if index % 2 == 0 else (1, 0):
                     start = time.perf_counter()
-                    with autocast(args):
+                    with decoding_autocast(systems[side], args):
                         run(systems[side], batch)
                     sync(args)
                     seconds[side].append(time.perf_counter() - start)

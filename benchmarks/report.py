@@ -264,7 +264,11 @@ def render(results: dict[str, Any]) -> str:
         *load_lines(results),
         "",
         f"Device {a.get('device', 'cpu')}, {a.get('dtype', 'fp32')}"
-        + (" (torch.autocast)" if a.get("dtype") == "bf16" else "")
+        + (
+            " (training under torch.autocast, decoding with every weight cast to bf16)"
+            if a.get("dtype") == "bf16"
+            else ""
+        )
         + f". Matmul peak ({a.get('dtype', 'fp32')}, best square torch.mm): "
         f"**{fmt(peak, 1)} GFLOP/s**. "
         "MFU = 6 × non-embedding parameters × non-pad target tokens/s / peak.",

@@ -24,7 +24,14 @@ from typing import Any
 import bench
 import report
 import torch
-from phases import build, decode_batches, decoding_kinds, probe_gflops
+from phases import (
+    build,
+    decode_batches,
+    decoding_autocast,
+    decoding_kinds,
+    for_decoding,
+    probe_gflops,
+)
 from workload import SHAPES
 
 from qkv.inference.workers import map_in_workers
@@ -43,8 +50,8 @@ def phase_workers(args: Any) -> dict[str, Any]:
     ways: list[Way] = [(name, w) for name in systems for w in (1, args.threads)]
     result: dict[str, Any] = {"peer": args.peer, "workers": args.threads, "sentences": sentences}
     for system in systems.values():
-        system.model.eval()
-        with torch.inference_mode():
+        for_decoding(system, args)
+        with torch.inference_mode(), decoding_autocast(system, args):
             system.greedy(batches[0][:4], 3)  # warm-up, inherited by the workers
     for kind, run in kinds.items():
         seconds: dict[Way, list[float]] = {way: [] for way in ways}
@@ -52,7 +59,7 @@ def phase_workers(args: Any) -> dict[str, Any]:
         for repeat in range(args.decode_repeats):
             for way in ways if repeat % 2 == 0 else ways[::-1]:
                 split = way[1] > 1
-                job = decoding_job(systems[way[0]], run, batches, args.new_tokens, split)
+                job = decoding_job(systems[way[0]], run, batches, args, split)
                 start = time.perf_counter()
                 found = list(map_in_workers(job, len(batches), way[1]))
                 seconds[way].append(time.perf_counter() - start)
@@ -78,7 +85,7 @@ def decoding_job(
     system: Any,
     run: Callable[[Any, torch.Tensor], torch.Tensor],
     batches: list[torch.Tensor],
-    n: int,
+    args: Any,
     in_worker: bool,
 ) -> Callable[[int], float]:
     """Decode batch i and check its shape; in a worker, return the worker's private memory in
@@ -86,9 +93,9 @@ def decoding_job(
 
     def job(index: int) -> float:
         batch = batches[index]
-        with torch.inference_mode():
+        with torch.inference_mode(), decoding_autocast(system, args):
             out = run(system, batch)
-        assert out.shape == (batch.size(0), n), (tuple(out.shape), n)
+        assert out.shape == (batch.size(0), args.new_tokens), (tuple(out.shape), args.new_tokens)
         return private_mb() if in_worker else 0.0
 
     return job

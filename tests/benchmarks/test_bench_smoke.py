@@ -138,8 +138,9 @@ def test_workers_phase_decodes_each_system_both_ways(bench: object, tmp_path: Pa
     assert "### Decoding in 2 worker processes of one thread" in out_md.read_text()
 
 
-def test_bf16_runs_every_system_under_autocast(bench: object, tmp_path: Path) -> None:
-    """The GPU configuration's dtype path, on the CPU: every system trains and decodes."""
+def test_bf16_trains_under_autocast_and_decodes_bf16_weights(bench: object, tmp_path: Path) -> None:
+    """The bf16 path, on the CPU: every system trains under autocast and decodes with its
+    weights in bf16, except x-transformers (float32 activations of its own: autocast)."""
     from peers import PEERS, available
 
     out_json, out_md = tmp_path / "bench.json", tmp_path / "bench.md"
@@ -151,7 +152,9 @@ def test_bf16_runs_every_system_under_autocast(bench: object, tmp_path: Path) ->
     for name, system in results["systems"].items():
         assert system["train"]["identical"]["loss_finite"], name
         assert system["decode"]["greedy"]["sentences_per_s"] > 0, name
-    assert "Device cpu, bf16 (torch.autocast)" in out_md.read_text()
+        weights = "torch.float32" if name == "xtransformers" else "torch.bfloat16"
+        assert system["decode"]["weights"] == weights, name
+    assert "Device cpu, bf16 (training under torch.autocast, decoding with" in out_md.read_text()
 
 
 def test_no_decode_measures_training_only(bench: object, tmp_path: Path) -> None:
