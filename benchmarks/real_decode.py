@@ -15,6 +15,10 @@ Five ways of decoding, each greedy and with beam search, timed in turn in every 
   token budget, one length budget per sentence. Its ratio is taken against Hugging Face's
   sorted batches.
 
+With `--bf16`, two more ways: qkv's own way in bf16 (`qkv translate --bf16`: a bf16 copy of
+the model, made in every pass) and Hugging Face's sorted batches with its model cast to bf16,
+the first set against the second.
+
     python benchmarks/real_decode.py --run runs/m30k \\
         --src ../shared/data/multi30k/test_2016_flickr.de.gz \\
         --ref ../shared/data/multi30k/test_2016_flickr.en.gz --json real.json --md real.md
@@ -56,6 +60,7 @@ PEER_OF = {
     "qkv, same batches": "hf, same batches",
     "qkv, sorted batches": "hf, sorted batches",
     "qkv, own batching": "hf, sorted batches",
+    "qkv, own batching, bf16": "hf, sorted batches, bf16",
 }
 """The Hugging Face way each qkv way is compared with."""
 
@@ -228,6 +233,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--repeats", type=positive, default=3)
     parser.add_argument("--threads", type=positive, default=2)
     parser.add_argument("--sentences", type=int, default=0, help="the first N only (0: all)")
+    parser.add_argument("--bf16", action="store_true", help="also decode in bf16, both tools")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--md", type=Path)
     args = parser.parse_args(argv)
@@ -254,8 +260,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     in_order = make_batches(sources, args.batch, by_length=False)
     by_length = make_batches(sources, args.batch, by_length=True)
 
-    def own_qkv(beam: int) -> list[list[int]]:
-        decode = DecodeOptions(beam_size=beam, alpha=ALPHA)
+    def own_qkv(beam: int, bf16: bool = False) -> list[list[int]]:
+        decode = DecodeOptions(beam_size=beam, alpha=ALPHA, bf16=bf16)
         return translate_ids(model, sources, decode, torch.device("cpu"))
 
     ways: dict[str, Callable[[int], list[list[int]]]] = {
@@ -265,6 +271,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "hf, sorted batches": lambda beam: hf_batches(marian, by_length, beam, options, limit),
         "qkv, own batching": own_qkv,
     }
+    if args.bf16:
+        marian_bf16 = marian_from_qkv(model).to(torch.bfloat16)
+        ways["qkv, own batching, bf16"] = lambda beam: own_qkv(beam, bf16=True)
+        ways["hf, sorted batches, bf16"] = lambda beam: hf_batches(
+            marian_bf16, by_length, beam, options, limit
+        )
     searches = {"greedy": 1, f"beam-{args.beam}": args.beam}
     seconds: dict[tuple[str, str], list[float]] = {}
     outputs: dict[tuple[str, str], list[list[int]]] = {}
@@ -286,6 +298,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "batch": args.batch,
         "threads": args.threads,
         "repeats": args.repeats,
+        "bf16": args.bf16,
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "rows": [],
     }

@@ -118,3 +118,21 @@ def test_search_with_cuda_graphs_finds_what_eager_finds(
     assert translate_ids(model, sources, graphed, CUDA) == translate_ids(
         model, sources, eager, CUDA
     )
+
+
+def test_bf16_weights_replay_the_eager_bf16_steps(model: Seq2SeqTransformer) -> None:
+    """`--bf16` on a GPU: a bf16 copy of the model, its steps recorded as a graph."""
+    from qkv.inference.precision import decoding_model
+
+    copy = decoding_model(model.to(CUDA), True, CUDA)
+    src, tgt = random_ids(4, 6, vocab=60).to(CUDA), random_ids(4, 5, vocab=60).to(CUDA)
+    with torch.inference_mode():
+        eager, graphed = ModelDecoder(copy, src, 5), StaticDecoder(copy, src, 5, rows=4)
+        assert graphed.graph is not None and graphed.cache.cross_keys[0].dtype == torch.bfloat16
+        for t in range(5):
+            expected, found = eager.step(tgt[:, t]), graphed.step(tgt[:, t])  # (B, V) float32
+            torch.testing.assert_close(found, expected, atol=3e-2, rtol=3e-2)
+    sources = random_sources(seed=6, count=20)
+    options = DecodeOptions(beam_size=3, max_tokens=200, bf16=True)
+    assert len(translate_ids(model, sources, options, CUDA)) == 20
+    assert next(model.parameters()).dtype == torch.float32

@@ -122,6 +122,23 @@ def test_every_way_decodes_and_greedy_agrees(
     assert "| greedy | qkv, same batches |" in out_md.read_text()
 
 
+def test_bf16_adds_a_way_for_each_tool(
+    real_decode: ModuleType, tiny_run: tuple[Path, Path, Path]
+) -> None:
+    run, src, ref = tiny_run
+    argv = [*("--run", str(run), "--src", str(src), "--ref", str(ref), "--batch", "8")]
+    argv += [*("--beam", "2", "--repeats", "1", "--threads", "1", "--bf16")]
+    results = real_decode.main(argv)
+    rows = {(r["search"], r["way"]): r for r in results["rows"]}
+    for search in ("greedy", "beam-2"):
+        qkv, hf = rows[search, "qkv, own batching, bf16"], rows[search, "hf, sorted batches, bf16"]
+        assert qkv["sentences_per_s"] > 0 and hf["sentences_per_s"] > 0
+        assert qkv["same_as_hf"] is not None and hf["same_as_hf"] is None
+    # bf16 rounding may change a few tokens, not the translations as a whole
+    fp32 = rows["greedy", "qkv, own batching"]["bleu"]
+    assert abs(rows["greedy", "qkv, own batching, bf16"]["bleu"] - fp32) <= 10
+
+
 def test_a_missing_run_is_one_line_not_a_traceback(real_decode: ModuleType, tmp_path: Path) -> None:
     lines = tmp_path / "lines.txt"
     lines.write_text("ein Satz\n", encoding="utf-8")
