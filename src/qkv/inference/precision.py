@@ -18,6 +18,7 @@ import warnings
 import torch
 
 from qkv.errors import ConfigError
+from qkv.model.frozen_linear import cpu_bf16_matmuls
 from qkv.model.seq2seq import Seq2SeqTransformer
 
 
@@ -26,9 +27,7 @@ def native_bf16(device: torch.device) -> bool:
     GPU that supports bf16)."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
-    if device.type == "cpu":
-        return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    return False
+    return device.type == "cpu" and cpu_bf16_matmuls()
 
 
 def decoding_model(

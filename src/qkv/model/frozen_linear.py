@@ -49,11 +49,13 @@ def _applies(t: Tensor) -> bool:
     return (
         t.device.type == "cpu"
         and torch.backends.mkldnn.is_available()
-        and (t.dtype == torch.float32 or (t.dtype == torch.bfloat16 and _native_bf16()))
+        and (t.dtype == torch.float32 or (t.dtype == torch.bfloat16 and cpu_bf16_matmuls()))
         and not torch.is_autocast_enabled("cpu")
     )
 
 
-def _native_bf16() -> bool:
-    """Whether oneDNN has native bf16 matmuls here (AVX512-BF16, AMX)."""
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+def cpu_bf16_matmuls() -> bool:
+    """Whether this CPU multiplies bf16 matrices natively through oneDNN (AVX512-BF16, AMX)."""
+    return torch.backends.mkldnn.is_available() and bool(
+        torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    )
