@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from phases import build, decode_batches
+from phases import build, decode_batches, for_decoding
 from workload import SHAPES
 
 import qkv.inference.beam as beam_module
@@ -84,7 +84,7 @@ def decode_split(args: Any) -> dict[str, Any]:
     shape = SHAPES[args.shape]
     torch.manual_seed(args.seed)
     system = build("qkv", shape)
-    system.model.eval()
+    for_decoding(system, args)  # bf16 weights in a `--dtype bf16` run
     batches = decode_batches(args, shape)
     kinds: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
         "greedy": lambda b: system.greedy(b, args.new_tokens)
