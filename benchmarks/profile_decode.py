@@ -5,7 +5,7 @@ per-op overhead distorts steps of a few milliseconds), on the decoding workload 
 benchmark (batch `--infer-batch`, exactly `--new-tokens` tokens, greedy and beam search).
 `bench.py` runs it in its profile phase; on its own:
 
-    python benchmarks/profile_decode.py [--threads 2] [--beam 5]
+    python benchmarks/profile_decode.py [--threads 2] [--beam 5] [--dtype bf16]
 """
 
 from __future__ import annotations
@@ -117,6 +117,7 @@ def main() -> None:
     parser.add_argument("--infer-batch", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=50)
     parser.add_argument("--beam", type=int, default=5)
+    parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="bf16 weights")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from report import decode_split as table
