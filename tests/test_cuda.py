@@ -12,6 +12,7 @@ import torch
 from qkv.cli import main
 from qkv.inference.graphed import StaticDecoder
 from qkv.inference.incremental import ModelDecoder
+from qkv.inference.precision import decoding_model
 from qkv.inference.translate import DecodeOptions, translate_ids
 from qkv.inference.translator import Translator
 from qkv.model.seq2seq import Seq2SeqTransformer
@@ -122,8 +123,6 @@ def test_search_with_cuda_graphs_finds_what_eager_finds(
 
 def test_bf16_weights_replay_the_eager_bf16_steps(model: Seq2SeqTransformer) -> None:
     """`--bf16` on a GPU: a bf16 copy of the model, its steps recorded as a graph."""
-    from qkv.inference.precision import decoding_model
-
     copy = decoding_model(model.to(CUDA), True, CUDA)
     src, tgt = random_ids(4, 6, vocab=60).to(CUDA), random_ids(4, 5, vocab=60).to(CUDA)
     with torch.inference_mode():

@@ -40,12 +40,13 @@ def decoding_model(
     """
     if not bf16:
         return model
-    if device.type == "cuda" and not native_bf16(device):
-        raise ConfigError("bf16 decoding needs a GPU that supports bfloat16; this one does not")
-    if device.type == "cpu" and not native_bf16(device):
-        warnings.warn(
-            "this CPU has no native bfloat16 matrix instructions (AVX512-BF16 or AMX): "
-            "bf16 decoding will be slower than float32",
-            stacklevel=2,
-        )
+    if not native_bf16(device):
+        if device.type == "cuda":
+            raise ConfigError("bf16 decoding needs a GPU that supports bfloat16; this one does not")
+        if device.type == "cpu":
+            warnings.warn(
+                "this CPU has no native bfloat16 matrix instructions (AVX512-BF16 or AMX): "
+                "bf16 decoding will be slower than float32",
+                stacklevel=2,
+            )
     return copy.deepcopy(model).to(torch.bfloat16)
