@@ -55,7 +55,7 @@ CATEGORIES = [
             "aten::nonzero",
         ),
     ),
-    ("optimizer (foreach)", ("aten::_foreach",)),
+    ("optimizer (fused AdamW, foreach norms)", ("aten::_foreach", "aten::_fused_adam")),
 ]
 OTHER = "other (elementwise, reductions, fills)"
 

@@ -1,7 +1,7 @@
 """qkv seen through the same interface as the peers (see `peers.py`).
 
 Training runs the step of qkv's own trainer: `model.hidden` -> `nonpad_logits` (the output
-projection only on real target rows) -> `smoothed_cross_entropy`, AdamW(foreach=True), with
+projection only on real target rows) -> `smoothed_cross_entropy`, AdamW (fused), with
 `tune_allocator()` applied at start. Decoding runs qkv's `greedy_search` and `beam_search` over
 the model's KV-cached `decode_step` (on a GPU, each step one CUDA graph replay unless
 `cuda_graphs` is False), with EOS masked so that every sentence gets exactly n tokens, like
@@ -23,6 +23,7 @@ from qkv.inference.graphed import make_decoder
 from qkv.inference.search import greedy_search
 from qkv.model import ModelConfig, Seq2SeqTransformer
 from qkv.training.losses import nonpad_logits, smoothed_cross_entropy
+from qkv.training.optimizer import adamw
 from qkv.training.speed import tune_allocator
 
 LABEL_SMOOTHING = 0.1
@@ -78,7 +79,7 @@ class QkvSystem:
             if cuda_graphs
             else "off (eager decoding)",
             "train_step": "hidden -> nonpad_logits -> smoothed_cross_entropy; "
-            "AdamW(foreach=True); tune_allocator "
+            "AdamW (fused); tune_allocator "
             + ("applied" if self.allocator_tuned else "unavailable"),
         }
 
@@ -90,14 +91,8 @@ class QkvSystem:
         return sum(tables.values())
 
     def optimizer(self, lr: float) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(
-            self.model.parameters(),
-            lr=lr,
-            betas=(0.9, 0.98),
-            eps=1e-9,
-            weight_decay=0.0,
-            foreach=True,
-        )
+        device = next(self.model.parameters()).device
+        return adamw(self.model.parameters(), device, lr=lr, betas=(0.9, 0.98), eps=1e-9)
 
     def loss(self, src: Tensor, tgt_in: Tensor, labels: Tensor) -> Tensor:
         """Mean smoothed cross-entropy over the real target tokens (the trainer divides the

@@ -51,6 +51,7 @@ def bench(monkeypatch: pytest.MonkeyPatch) -> object:
         "bench",
         "decode_phase",
         "gemm_cache",
+        "optimizer_ab",
         "peers",
         "phases",
         "profile_decode",
@@ -185,6 +186,16 @@ def test_gemm_cache_times_the_three_ways(bench: object, capsys: pytest.CaptureFi
     assert len(ways) == 3
     assert ways["one at a time (summed)"] > 0 and ways["in sequence"] > 0
     assert "in sequence" in capsys.readouterr().out
+
+
+def test_optimizer_ab_trains_with_both_kernels(
+    bench: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import optimizer_ab
+
+    rate = optimizer_ab.main(["--shape", "tiny", "--threads", "1", "--warmup", "1", "--steps", "2"])
+    assert sorted(rate) == ["foreach", "fused"] and min(rate.values()) > 0
+    assert "fused / foreach" in capsys.readouterr().out
 
 
 def test_decode_phase_measures_qkv_both_ways_beside_a_peer(

@@ -20,6 +20,7 @@ from tqdm import tqdm
 from qkv.errors import CheckpointError, QkvError
 from qkv.training import checkpoint as ckpt
 from qkv.training.config import TrainConfig
+from qkv.training.optimizer import adamw
 from qkv.training.schedules import inverse_sqrt
 from qkv.training.task import TrainingTask
 
@@ -126,13 +127,13 @@ class Trainer:
     ):
         self.task, self.config, self.run_dir, self.device = task, config, run_dir, device
         self.model = task.model.to(device)
-        decay = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            decay,
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = adamw(
+            trainable,
+            device,
             lr=config.lr,
             betas=(config.beta1, config.beta2),
             weight_decay=config.weight_decay,
-            foreach=True,
         )
         self.progress = Progress()
         self.log = MetricsLog(run_dir / "metrics.jsonl")
