@@ -9,7 +9,8 @@ from torch import nn
 
 FUSED_DEVICES = ("cpu", "cuda")
 """Devices on which AdamW's fused kernel is used: one pass over each parameter's weights,
-gradients and moments, about 3x faster per step than the `foreach` path on a 2-core CPU."""
+gradients and moments. On a 2-core CPU the benchmark model's optimiser step took 8 ms fused
+against 30 ms with `foreach` (`benchmarks/profile_step.py`), about 2 % of a training step."""
 
 
 def adamw(
