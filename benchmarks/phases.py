@@ -135,7 +135,16 @@ def n_targets(batches: list[Batch]) -> int:
 
 
 def step_function(system: Any, lr: float, args: Any = None) -> Callable[[Batch], float]:
-    """One optimiser step on a batch; returns the loss (reading it waits for the device)."""
+    """One optimiser step on a batch; returns the loss (reading it waits for the device).
+
+    On a GPU, a system's own step recorded as CUDA graphs (qkv's trainer's) where it has one.
+    """
+    graphed = getattr(system, "graphed_step_function", None)
+    if graphed is not None and device_of(args).type == "cuda":
+        dtype = matmul_dtype(args)
+        found = graphed(lr, dtype if dtype != torch.float32 else None)
+        if found is not None:
+            return found  # type: ignore[no-any-return]
     optimizer = system.optimizer(lr)
     system.model.train()
 

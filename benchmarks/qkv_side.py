@@ -2,14 +2,20 @@
 
 Training runs the step of qkv's own trainer: `model.hidden` -> `nonpad_logits` (the output
 projection only on real target rows) -> `smoothed_cross_entropy`, AdamW (fused), with
-`tune_allocator()` applied at start. Decoding runs qkv's `greedy_search` and `beam_search` over
-the model's KV-cached `decode_step` (on a GPU, each step one CUDA graph replay unless
-`cuda_graphs` is False), with EOS masked so that every sentence gets exactly n tokens, like
-`min_new_tokens = max_new_tokens = n` in Hugging Face's `generate`.
+`tune_allocator()` applied at start. On a GPU (unless `cuda_graphs` is False), the trainer's
+step there: batches padded to bucket shapes (`pad_to_bucket`), each shape's whole step
+recorded once as a CUDA graph and replayed (`qkv.training.graphed.GraphedStep`).
+
+Decoding runs qkv's `greedy_search` and `beam_search` over the model's KV-cached
+`decode_step` (on a GPU, each step one CUDA graph replay unless `cuda_graphs` is False), with
+EOS masked so that every sentence gets exactly n tokens, like `min_new_tokens =
+max_new_tokens = n` in Hugging Face's `generate`.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -17,12 +23,19 @@ import torch
 from torch import Tensor
 from workload import BOS, EOS, PAD, Shape
 
-from qkv.data.batching import PairBatch, collate_pairs, pair_lengths, token_budget_batches
+from qkv.data.batching import (
+    PairBatch,
+    collate_pairs,
+    pad_to_bucket,
+    pair_lengths,
+    token_budget_batches,
+)
 from qkv.inference.beam import beam_search
 from qkv.inference.graphed import make_decoder
 from qkv.inference.search import greedy_search
 from qkv.model import ModelConfig, Seq2SeqTransformer
-from qkv.training.losses import nonpad_logits, smoothed_cross_entropy
+from qkv.training.graphed import GraphedStep
+from qkv.training.losses import nonpad_logits, padded_cross_entropy, smoothed_cross_entropy
 from qkv.training.optimizer import adamw
 from qkv.training.speed import tune_allocator
 
@@ -80,7 +93,12 @@ class QkvSystem:
             else "off (eager decoding)",
             "train_step": "hidden -> nonpad_logits -> smoothed_cross_entropy; "
             "AdamW (fused); tune_allocator "
-            + ("applied" if self.allocator_tuned else "unavailable"),
+            + ("applied" if self.allocator_tuned else "unavailable")
+            + (
+                "; on a GPU, padded to bucket shapes, one CUDA graph replay per step"
+                if cuda_graphs
+                else ""
+            ),
         }
 
     def n_embedding_params(self) -> int:
@@ -100,6 +118,32 @@ class QkvSystem:
         states = self.model.hidden(src, tgt_in)  # (B, T, D)
         logits, kept = nonpad_logits(self.model.output, states, labels, PAD)  # (M, V), (M,)
         return smoothed_cross_entropy(logits, kept, LABEL_SMOOTHING) / max(kept.numel(), 1)
+
+    def graphed_step_function(
+        self, lr: float, autocast_dtype: torch.dtype | None
+    ) -> Callable[[dict[str, Tensor]], float] | None:
+        """The trainer's GPU step: one CUDA graph replay per step (None without graphs)."""
+        if not self.cuda_graphs:
+            return None
+        self.model.train()
+        graphed = GraphedStep(
+            self.model, self.optimizer(lr), self.padded_loss, math.inf, autocast_dtype
+        )
+
+        def step(batch: dict[str, Tensor]) -> float:
+            padded = pad_to_bucket(PairBatch(batch["src"], batch["tgt_in"], batch["labels"]))
+            inputs = {"src": padded.src, "tgt_in": padded.tgt_in, "labels": padded.labels}
+            loss_sum, _ = graphed.step(inputs, lr)
+            return float(loss_sum) / max(int((batch["labels"] != PAD).sum()), 1)
+
+        return step
+
+    def padded_loss(self, inputs: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """Summed loss and target count of a padded batch, as `TranslationTask.padded_loss`."""
+        states = self.model.hidden(inputs["src"], inputs["tgt_in"], packed=False)  # (B, T, D)
+        labels = inputs["labels"]  # (B, T)
+        loss = padded_cross_entropy(self.model.output(states), labels, LABEL_SMOOTHING, PAD)
+        return loss, (labels != PAD).sum()
 
     def greedy(self, src: Tensor, n: int) -> Tensor:
         decoder = NoEndDecoder(make_decoder(self.model, src, n, src.size(0), self.cuda_graphs))

@@ -17,7 +17,10 @@ from qkv.inference.translate import DecodeOptions, translate_ids
 from qkv.inference.translator import Translator
 from qkv.model.seq2seq import Seq2SeqTransformer
 from qkv.tasks.dates import generate_date_pairs
+from qkv.training.graphed import GraphedStep
+from qkv.training.optimizer import adamw
 from tests.model.helpers import random_ids, tiny_config
+from tests.training.test_graphed import BATCHES, _task
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -135,3 +138,30 @@ def test_bf16_weights_replay_the_eager_bf16_steps(model: Seq2SeqTransformer) -> 
     options = DecodeOptions(beam_size=3, max_tokens=200, bf16=True)
     assert len(translate_ids(model, sources, options, CUDA)) == 20
     assert next(model.parameters()).dtype == torch.float32
+
+
+def test_graphed_training_steps_replay_the_eager_steps() -> None:
+    """Each bucket shape recorded at its first batch and replayed after, shapes in mixed order:
+    the same losses, norms and weights as the same step run eagerly on the GPU."""
+    recorded, eager = _task(), _task()
+    steps = []
+    for task, graph in ((recorded, True), (eager, False)):
+        task.model.to(CUDA)
+        optimizer = adamw(task.model.parameters(), CUDA, lr=1e-3, betas=(0.9, 0.98))
+        steps.append(GraphedStep(task.model, optimizer, task.padded_loss, 1.0, graph=graph))
+    order = [0, 1, 0, 2, 1, 3, 0, 3]
+    for index, batch in enumerate(order):
+        lr = 1e-3 * (1 + index % 3)
+        found = steps[0].step(recorded.padded_inputs(BATCHES[batch], CUDA), lr)
+        expected = steps[1].step(eager.padded_inputs(BATCHES[batch], CUDA), lr)
+        for a, b in zip(found, expected, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    assert len(steps[0].graphs) >= 2 and not steps[1].graphs
+    inputs = recorded.padded_inputs(BATCHES[1], CUDA)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            recorded.model(inputs["src"], inputs["tgt_in"]),
+            eager.model(inputs["src"], inputs["tgt_in"]),
+            atol=1e-4,
+            rtol=1e-4,
+        )

@@ -211,3 +211,29 @@ def test_decode_phase_measures_qkv_both_ways_beside_a_peer(
     assert rows[0]["beam"] > 0 and rows[2]["beam"] is None  # torch_nn has no beam search
     out = capsys.readouterr().out
     assert "| fp32 | qkv, eager |" in out and "| fp32 | torch_nn |" in out
+
+
+def test_qkv_gpu_training_step_trains_like_the_generic_step(bench: object) -> None:
+    """The step `bench.py --device cuda` times for qkv (padded to bucket shapes, recorded as
+    CUDA graphs), run eagerly here: the losses of the generic step, from the same weights."""
+    import dataclasses
+
+    import torch
+    from phases import step_function
+    from qkv_side import QkvSystem
+    from workload import SHAPES, make_train_batches
+
+    shape = dataclasses.replace(SHAPES["tiny"], dropout=0.0)
+    systems = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        systems.append(QkvSystem(shape))
+    graphed = systems[0].graphed_step_function(1e-3, None)
+    generic = step_function(systems[1], 1e-3)
+    assert (
+        graphed is not None
+        and QkvSystem(shape, cuda_graphs=False).graphed_step_function(1e-3, None) is None
+    )
+    for batch in make_train_batches(4, 60, 3, shape):
+        tensors = {k: torch.from_numpy(v) for k, v in batch.items()}
+        assert graphed(tensors) == pytest.approx(generic(tensors), rel=1e-4)

@@ -11,6 +11,7 @@ from qkv.data.batching import (
     PairBatch,
     collate_pairs,
     collate_texts,
+    pad_to_bucket,
     pair_lengths,
     token_budget_batches,
     truncate,
@@ -159,3 +160,20 @@ def test_truncate(max_len: int, head_tail: bool, expected: list[int]) -> None:
     ids = list(range(10))
     assert truncate(ids, max_len, head_tail=head_tail) == expected
     assert ids == list(range(10))
+
+
+def test_pad_to_bucket_rounds_shapes_up_and_adds_rows_without_targets() -> None:
+    batch = collate_pairs([[5, 6, 7], [8]] * 9, [[9, 10], [11, 12, 13, 14, 15, 16, 17, 18, 19]] * 9)
+    assert batch.src.shape == (18, 3) and batch.labels.shape == (18, 10)
+    padded = pad_to_bucket(batch, rows=16, length=8)
+    assert padded.src.shape == (32, 8)
+    assert padded.tgt_in.shape == padded.labels.shape == (32, 16)
+    assert torch.equal(padded.src[:18, :3], batch.src) and (padded.src[:18, 3:] == PAD_ID).all()
+    assert torch.equal(padded.labels[:18, :10], batch.labels)
+    assert torch.equal(padded.tgt_in[:18, :10], batch.tgt_in)
+    assert (padded.labels[18:] == PAD_ID).all()  # the added rows have nothing to predict
+    assert (padded.src[18:, 0] == EOS_ID).all() and (padded.src[18:, 1:] == PAD_ID).all()
+    assert (padded.tgt_in[18:, 0] == BOS_ID).all() and (padded.tgt_in[18:, 1:] == PAD_ID).all()
+    assert padded.n_target_tokens == batch.n_target_tokens
+    same = pad_to_bucket(padded, rows=16, length=8)  # already at a bucket shape
+    assert torch.equal(same.src, padded.src) and torch.equal(same.labels, padded.labels)

@@ -50,6 +50,17 @@ def test_mixed_lengths_in_a_batch_equal_each_sentence_alone(model: Seq2SeqTransf
     torch.testing.assert_close(batch[1], model(long_src, tgt[1:])[0], atol=1e-5, rtol=1e-5)
 
 
+def test_padded_layout_computes_the_packed_states_at_real_positions(
+    model: Seq2SeqTransformer,
+) -> None:
+    src, tgt = random_ids(3, 7), random_ids(3, 6)
+    src[1, 4:], tgt[0, 3:], tgt[2, 5:] = 0, 0, 0
+    packed, padded = model.hidden(src, tgt), model.hidden(src, tgt, packed=False)  # (B, T, D)
+    real = tgt != 0
+    torch.testing.assert_close(padded[real], packed[real], atol=1e-5, rtol=1e-5)
+    assert packed[~real].abs().max() == 0  # packed states are zero at padding
+
+
 def test_future_target_tokens_do_not_leak(model: Seq2SeqTransformer) -> None:
     src, tgt = random_ids(2, 6), random_ids(2, 5)
     changed = tgt.clone()

@@ -371,3 +371,20 @@ def test_atomic_write_text_removes_its_temporary_file_on_failure(tmp_path: Path)
     with pytest.raises(OSError):
         ckpt.atomic_write_text(target, "text")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"] and target.is_dir()
+
+
+def test_a_graphed_optimizer_is_saved_as_an_ordinary_one() -> None:
+    """A recorded step keeps lr in a device tensor and sets `capturable`: the JSON holds a
+    number and `capturable` False, so the state loads anywhere."""
+    net = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(net.parameters(), lr=1e-3, fused=True)
+    net(torch.randn(4, 3)).sum().backward()
+    optimizer.step()
+    optimizer.param_groups[0]["lr"] = torch.tensor(2e-3)
+    optimizer.param_groups[0]["capturable"] = True
+    tensors, plain = ckpt.optimizer_tensors(optimizer)
+    group = json.loads(json.dumps(plain))["param_groups"][0]
+    assert group["lr"] == pytest.approx(2e-3) and group["capturable"] is False
+    restored = torch.optim.AdamW(torch.nn.Linear(3, 2).parameters(), lr=1.0, fused=True)
+    ckpt.restore_optimizer(restored, tensors, plain)
+    assert restored.param_groups[0]["lr"] == pytest.approx(2e-3)

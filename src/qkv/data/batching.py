@@ -94,6 +94,40 @@ def collate_pairs(src: Sequence[list[int]], tgt: Sequence[list[int]]) -> PairBat
     )
 
 
+def pad_to_bucket(batch: PairBatch, rows: int = 16, length: int = 8) -> PairBatch:
+    """The batch padded to a coarser shape, so that batches of similar shape share one.
+
+    B grows to a multiple of `rows`, S and T to multiples of `length`. A CUDA graph replays
+    one shape only; rounding shapes up lets a few graphs serve every batch. The rows added
+    carry no target (their labels are all PAD), so they add nothing to a loss over real
+    targets; each holds one token on both sides (EOS in the source, BOS in the decoder
+    input) so that its attention has a key to attend to and stays finite.
+
+    Args:
+        batch: src (B, S), tgt_in and labels (B, T).
+        rows, length: the multiples to round B and S, T up to.
+
+    Returns:
+        src (B', S'), tgt_in and labels (B', T'), on the batch's device.
+    """
+    batch_size, src_len = batch.src.shape
+    tgt_len = batch.labels.size(1)
+    size = -(-batch_size // rows) * rows
+    src = _pad_tensor(batch.src, size, -(-src_len // length) * length)  # (B', S')
+    tgt_in = _pad_tensor(batch.tgt_in, size, -(-tgt_len // length) * length)  # (B', T')
+    labels = _pad_tensor(batch.labels, size, tgt_in.size(1))  # (B', T')
+    src[batch_size:, 0] = EOS_ID
+    tgt_in[batch_size:, 0] = BOS_ID
+    return PairBatch(src=src, tgt_in=tgt_in, labels=labels)
+
+
+def _pad_tensor(ids: torch.Tensor, batch_size: int, length: int) -> torch.Tensor:
+    """ids (B, L) -> (batch_size, length), PAD after each row and in the rows added."""
+    out = ids.new_full((batch_size, length), PAD_ID)
+    out[: ids.size(0), : ids.size(1)] = ids
+    return out
+
+
 def collate_texts(ids: Sequence[list[int]], labels: Sequence[int], cls: bool = False) -> TextBatch:
     """Pads texts into a `TextBatch`.
 

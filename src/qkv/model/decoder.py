@@ -39,6 +39,7 @@ class Decoder(nn.Module):
         self_mask: Tensor,
         cross_mask: Tensor,
         need_weights: bool = False,
+        packed: bool = True,
     ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         """Decode a whole target sequence at once (training, scoring).
 
@@ -48,10 +49,11 @@ class Decoder(nn.Module):
 
         Returns:
             states (B, T, D), self-attention maps (B, H, T, T) and cross maps (B, H, T, S)
-            per layer (empty unless `need_weights`). Without weights, every layer runs on the
-            real tokens only (target and source) and the states are zero at padding.
+            per layer (empty unless `need_weights`). Packed and without weights, every layer
+            runs on the real tokens only (target and source) and the states are zero at
+            padding; otherwise on the padded batch (see `Encoder.forward`).
         """
-        if not need_weights:
+        if packed and not need_weights:
             return self._forward_packed(ids, memory, self_mask, cross_mask), [], []
         x = self.embeddings(ids)  # (B, T, D)
         self_maps: list[Tensor] = []

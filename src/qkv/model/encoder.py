@@ -32,14 +32,15 @@ class Encoder(nn.Module):
         self.pad_id = config.pad_id
 
     def forward(
-        self, ids: Tensor, mask: Tensor, need_weights: bool = False
+        self, ids: Tensor, mask: Tensor, need_weights: bool = False, packed: bool = True
     ) -> tuple[Tensor, list[Tensor]]:
         """ids (B, S), mask (B, 1, 1, S) -> memory (B, S, D) and per-layer (B, H, S, S) weights.
 
-        Without weights, every layer runs on the real tokens only and the memory is zero at
-        padding; with them, on the padded batch.
+        Packed and without weights, every layer runs on the real tokens only and the memory is
+        zero at padding; otherwise on the padded batch, at shapes that depend on (B, S) alone
+        (what a CUDA graph needs), and the memory at padding is left as computed.
         """
-        if not need_weights:
+        if packed and not need_weights:
             rows = Packing.from_mask(ids != self.pad_id)
             x = self.embeddings.forward_packed(ids, rows)  # (M, D)
             for layer in self.layers:

@@ -56,24 +56,32 @@ class Seq2SeqTransformer(nn.Module):
             self.output.weight = tgt_token.table.weight
 
     def encode(
-        self, src_ids: Tensor, need_weights: bool = False
+        self, src_ids: Tensor, need_weights: bool = False, packed: bool = True
     ) -> tuple[Tensor, Tensor, list[Tensor]]:
-        """src_ids (B, S) -> memory (B, S, D), source mask (B, 1, 1, S), encoder maps."""
+        """src_ids (B, S) -> memory (B, S, D), source mask (B, 1, 1, S), encoder maps.
+
+        `packed` (the default) runs the layers on the real tokens only; False runs them on
+        the padded batch (see `Encoder.forward`)."""
         src_mask = padding_mask(src_ids, self.config.pad_id)  # (B, 1, 1, S)
-        memory, maps = self.encoder(src_ids, src_mask, need_weights)  # (B, S, D)
+        memory, maps = self.encoder(src_ids, src_mask, need_weights, packed)  # (B, S, D)
         return memory, src_mask, maps
 
-    def decode(self, tgt_ids: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
+    def decode(
+        self, tgt_ids: Tensor, memory: Tensor, src_mask: Tensor, packed: bool = True
+    ) -> Tensor:
         """tgt_ids (B, T), memory (B, S, D) -> decoder states (B, T, D)."""
         self_mask = decoder_self_mask(tgt_ids, self.config.pad_id)  # (B, 1, T, T)
-        states, _, _ = self.decoder(tgt_ids, memory, self_mask, src_mask)
+        states, _, _ = self.decoder(tgt_ids, memory, self_mask, src_mask, packed=packed)
         return states
 
-    def hidden(self, src_ids: Tensor, tgt_ids: Tensor) -> Tensor:
+    def hidden(self, src_ids: Tensor, tgt_ids: Tensor, packed: bool = True) -> Tensor:
         """Decoder states (B, T, D) before the output projection (the loss projects only
-        non-pad rows, which saves the largest matmul on padding)."""
-        memory, src_mask, _ = self.encode(src_ids)
-        return self.decode(tgt_ids, memory, src_mask)
+        non-pad rows, which saves the largest matmul on padding).
+
+        `packed` False keeps every shape a function of the batch's shape, with no host sync:
+        what a training step recorded as a CUDA graph needs (`qkv.training.graphed`)."""
+        memory, src_mask, _ = self.encode(src_ids, packed=packed)
+        return self.decode(tgt_ids, memory, src_mask, packed)
 
     def forward(self, src_ids: Tensor, tgt_ids: Tensor) -> Tensor:
         """src_ids (B, S), tgt_ids (B, T) (BOS-prefixed) -> next-token logits (B, T, V)."""

@@ -9,7 +9,13 @@ from typing import Any
 
 import torch
 
-from qkv.data.batching import PairBatch, collate_pairs, pair_lengths, token_budget_batches
+from qkv.data.batching import (
+    PairBatch,
+    collate_pairs,
+    pad_to_bucket,
+    pair_lengths,
+    token_budget_batches,
+)
 from qkv.data.cache import load_id_lists, save_id_lists
 from qkv.data.readers import find_split, read_parallel
 from qkv.data.special import PAD_ID
@@ -20,7 +26,7 @@ from qkv.model.config import ModelConfig
 from qkv.model.seq2seq import Seq2SeqTransformer
 from qkv.run import TOKENIZER_FILE, RunConfig, data_settings, load_tokenizer
 from qkv.training.config import TrainConfig
-from qkv.training.losses import nonpad_logits, smoothed_cross_entropy
+from qkv.training.losses import nonpad_logits, padded_cross_entropy, smoothed_cross_entropy
 from qkv.training.speed import pick_device, set_threads, tune_allocator
 from qkv.training.trainer import Progress, Trainer
 from qkv.viz.curves import write_curves
@@ -78,6 +84,17 @@ class TranslationTask:
         states = self.model.hidden(pairs.src, pairs.tgt_in)  # (B, T, D)
         logits, labels = nonpad_logits(self.model.output, states, pairs.labels, PAD_ID)
         return smoothed_cross_entropy(logits, labels, self.label_smoothing), {}
+
+    def padded_inputs(self, batch: list[int], device: torch.device) -> dict[str, torch.Tensor]:
+        src = [self.src[i] for i in batch]
+        pairs = pad_to_bucket(collate_pairs(src, [self.tgt[i] for i in batch])).to(device)
+        return {"src": pairs.src, "tgt_in": pairs.tgt_in, "labels": pairs.labels}
+
+    def padded_loss(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        states = self.model.hidden(inputs["src"], inputs["tgt_in"], packed=False)  # (B, T, D)
+        labels = inputs["labels"]  # (B, T)
+        loss = padded_cross_entropy(self.model.output(states), labels, self.label_smoothing, PAD_ID)
+        return loss, (labels != PAD_ID).sum()
 
     def evaluate(self, device: torch.device) -> dict[str, float]:
         total, count = 0.0, 0

@@ -124,7 +124,8 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, Tenso
     """Split an optimizer's state into tensors (for safetensors) and plain values (for JSON)."""
     state = optimizer.state_dict()
     tensors: dict[str, Tensor] = {}
-    plain: dict[str, Any] = {"param_groups": state["param_groups"], "state": {}}
+    groups = [_plain_group(group) for group in state["param_groups"]]
+    plain: dict[str, Any] = {"param_groups": groups, "state": {}}
     for param_id, values in state["state"].items():
         plain["state"][str(param_id)] = {}
         for key, value in values.items():
@@ -133,6 +134,16 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, Tenso
             else:
                 plain["state"][str(param_id)][key] = value
     return tensors, plain
+
+
+def _plain_group(group: dict[str, Any]) -> dict[str, Any]:
+    """A parameter group as an ordinary optimiser's: a step recorded as a CUDA graph
+    (`qkv.training.graphed`) holds the learning rate in a device tensor and sets `capturable`;
+    the checkpoint keeps the number, and a run resumed on any device starts uncaptured."""
+    plain = {k: v.item() if isinstance(v, Tensor) else v for k, v in group.items()}
+    if "capturable" in plain:
+        plain["capturable"] = False
+    return plain
 
 
 def restore_optimizer(

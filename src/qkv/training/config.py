@@ -31,6 +31,7 @@ class TrainConfig:
     seed: int = 1  # seeds data order, initialisation and dropout
     device: str = "auto"  # "auto", "cpu" or "cuda"
     bf16: bool = True  # bf16 autocast on CUDA (ignored on CPU)
+    cuda_graphs: bool = True  # on CUDA, replay each training step as a CUDA graph (translation)
     threads: int = 0  # CPU threads for torch; 0 = torch's default
     log_every: int = 50  # write a train record every N optimiser steps
     max_bad_steps: int = 5  # stop after this many non-finite steps in a row

@@ -29,3 +29,22 @@ def nonpad_logits(
 def smoothed_cross_entropy(logits: Tensor, labels: Tensor, smoothing: float) -> Tensor:
     """Summed label-smoothed cross-entropy: logits (M, V), labels (M,) -> scalar."""
     return F.cross_entropy(logits.float(), labels, label_smoothing=smoothing, reduction="sum")
+
+
+def padded_cross_entropy(logits: Tensor, labels: Tensor, smoothing: float, pad_id: int) -> Tensor:
+    """`smoothed_cross_entropy` over every position of a padded batch, padding ignored.
+
+    The same sum as `nonpad_logits` then `smoothed_cross_entropy`, at shapes that depend on the
+    batch's shape alone: what a step recorded as a CUDA graph needs, where selecting the real
+    rows would wait for the device to count them.
+
+    Args:
+        logits: (B, T, V); labels: (B, T), `pad_id` where there is no target.
+    """
+    return F.cross_entropy(
+        logits.flatten(0, 1).float(),  # (B * T, V)
+        labels.flatten(),  # (B * T,)
+        ignore_index=pad_id,
+        label_smoothing=smoothing,
+        reduction="sum",
+    )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
@@ -33,4 +33,17 @@ class TrainingTask(Protocol):
 
     def evaluate(self, device: torch.device) -> dict[str, float]:
         """Validation metrics, including "loss" and `metric`."""
+        ...
+
+
+@runtime_checkable
+class GraphableTask(TrainingTask, Protocol):
+    """A task whose training step can be recorded as a CUDA graph (`qkv.training.graphed`)."""
+
+    def padded_inputs(self, batch: Any, device: torch.device) -> dict[str, Tensor]:
+        """The batch's tensors on `device`, padded to one of a few bucket shapes."""
+        ...
+
+    def padded_loss(self, inputs: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """Summed loss and number of targets (0-dim) of padded inputs, with no host sync."""
         ...

@@ -20,9 +20,10 @@ from tqdm import tqdm
 from qkv.errors import CheckpointError, QkvError
 from qkv.training import checkpoint as ckpt
 from qkv.training.config import TrainConfig
+from qkv.training.graphed import GraphedStep
 from qkv.training.optimizer import adamw
 from qkv.training.schedules import inverse_sqrt
-from qkv.training.task import TrainingTask
+from qkv.training.task import GraphableTask, TrainingTask
 
 
 class TrainingInterrupted(QkvError):
@@ -135,6 +136,7 @@ class Trainer:
             betas=(config.beta1, config.beta2),
             weight_decay=config.weight_decay,
         )
+        self.graphed: GraphedStep | None = None  # made at the first step, after any resume
         self.progress = Progress()
         self.log = MetricsLog(run_dir / "metrics.jsonl")
         self.checkpoints = run_dir / "checkpoints"
@@ -239,22 +241,30 @@ class Trainer:
         start = time.perf_counter()
         self.model.train()
         lr = inverse_sqrt(p.step + 1, c.lr, c.warmup)
-        for param_group in self.optimizer.param_groups:
-            param_group["lr"] = lr
         total = sum(self.task.n_targets(b) for b in group)
         loss_sum, stats = 0.0, dict[str, float]()
-        for batch in group:
-            with self.autocast():
-                loss, extra = self.task.loss(batch, self.device)
-            (loss / max(total, 1)).backward()
-            loss_sum += float(loss.detach())
-            for key, value in extra.items():
-                stats[key] = stats.get(key, 0.0) + value
         # With clipping off, an infinite max_norm still measures the norm (and scales by 1).
         max_norm = c.clip_norm if c.clip_norm > 0 else math.inf
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        if not (math.isfinite(loss_sum) and math.isfinite(float(norm))):
-            self.optimizer.zero_grad(set_to_none=True)
+        graphed = self.graphed_step(max_norm)
+        if graphed is not None and isinstance(self.task, GraphableTask) and len(group) == 1:
+            # Forward, backward, clipping and the update in one replay; the update is skipped
+            # on the device when the loss or the norm is not finite.
+            loss_t, norm_t = graphed.step(self.task.padded_inputs(group[0], self.device), lr)
+            loss_sum, norm = float(loss_t), float(norm_t)
+        else:
+            for param_group in self.optimizer.param_groups:
+                param_group["lr"] = lr
+            for batch in group:
+                with self.autocast():
+                    loss, extra = self.task.loss(batch, self.device)
+                (loss / max(total, 1)).backward()
+                loss_sum += float(loss.detach())
+                for key, value in extra.items():
+                    stats[key] = stats.get(key, 0.0) + value
+            norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        if not (math.isfinite(loss_sum) and math.isfinite(norm)):
+            if graphed is None:
+                self.optimizer.zero_grad(set_to_none=True)
             p.bad_steps += 1
             p.skipped_steps += 1
             print(f"warning: non-finite loss or gradient at step {p.step + 1}; step skipped")
@@ -265,8 +275,9 @@ class Trainer:
                     f"Last good checkpoint: {last or 'none'}; try a lower lr or more warmup"
                 )
             return False
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        if graphed is None:
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
         p.bad_steps = 0
         p.step += 1
         seconds = time.perf_counter() - start
@@ -292,6 +303,24 @@ class Trainer:
             record.update({k: v / max(total, 1) for k, v in stats.items()})
             self.log.write(record)
         return True
+
+    def graphed_step(self, max_norm: float) -> GraphedStep | None:
+        """The CUDA-graph step where it applies: on a CUDA device with `cuda_graphs`, one
+        batch per step, and a task that can pad its batches to fixed shapes."""
+        c = self.config
+        if (
+            self.device.type != "cuda"
+            or not c.cuda_graphs
+            or c.accumulate != 1
+            or not isinstance(self.task, GraphableTask)
+        ):
+            return None
+        if self.graphed is None:
+            dtype = torch.bfloat16 if c.bf16 else None
+            self.graphed = GraphedStep(
+                self.model, self.optimizer, self.task.padded_loss, max_norm, dtype
+            )
+        return self.graphed
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.device.type == "cuda" and self.config.bf16:

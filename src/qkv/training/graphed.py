@@ -1,0 +1,148 @@
+"""Training steps recorded once per batch shape as a CUDA graph, then replayed.
+
+On a GPU, a training step of a small model is about a thousand kernels of a few microseconds
+each, and launching them from Python takes longer than running them: the GPU waits for the
+host. A CUDA graph records the kernels of one whole step (forward, backward, gradient
+clipping, AdamW) and replays them with a single launch. A graph replays the same kernels on
+the same memory, so a step must:
+
+- take its inputs at a fixed shape: batches are padded to a few bucket shapes
+  (`qkv.data.batching.pad_to_bucket`) and each shape gets its graph, recorded the first time
+  it comes (that first step runs eagerly, and is a real step);
+- never wait for the device: the model runs on the padded batch (`packed=False`), the loss
+  covers every position with padding ignored (`padded_cross_entropy`), the learning rate is
+  a device tensor, and a step whose loss or gradient norm is not finite is skipped by the
+  optimiser on the device (AdamW's fused kernel reads the `found_inf` flag that a gradient
+  scaler would set);
+- keep its gradients where they are: they are zeroed in place, never set to None.
+
+The graphs share one memory pool: each replay's temporaries may overwrite another's, and the
+outputs (loss, gradient norm) are copied to tensors outside the pool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+Inputs = dict[str, Tensor]
+LossFn = Callable[[Inputs], tuple[Tensor, Tensor]]  # -> summed loss, number of targets
+
+
+class GraphedStep:
+    """One optimiser step per call, replayed from the CUDA graph of the inputs' shape.
+
+    Args:
+        model: the network, in train mode.
+        optimizer: AdamW with its fused kernel (`qkv.training.optimizer.adamw` on a CPU or a
+            GPU): the only kind that can skip an update on the device.
+        loss: inputs -> (summed loss, number of targets), both 0-dim, with no host sync and
+            shapes that depend on the inputs' shapes alone.
+        max_norm: gradient clipping by global norm; math.inf measures the norm only.
+        autocast_dtype: run the loss under autocast to this dtype (bf16), or None.
+        graph: record graphs; None records them on a CUDA device only. Without graphs the
+            same step runs eagerly (same numbers): this is how it is tested on a CPU.
+        max_graphs: shapes beyond this many run eagerly, to bound the graphs kept.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss: LossFn,
+        max_norm: float = math.inf,
+        autocast_dtype: torch.dtype | None = None,
+        graph: bool | None = None,
+        max_graphs: int = 32,
+    ) -> None:
+        if not all(group.get("fused") for group in optimizer.param_groups):
+            raise ValueError("a graphed step needs an optimiser with a fused kernel")
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.device = self.params[0].device
+        self.model, self.optimizer, self.loss = model, optimizer, loss
+        self.max_norm, self.autocast_dtype, self.max_graphs = max_norm, autocast_dtype, max_graphs
+        self.record = self.device.type == "cuda" if graph is None else graph
+        self.graphs: dict[tuple[Any, ...], tuple[torch.cuda.CUDAGraph, Inputs]] = {}
+        self.pool: Any = None  # the memory pool the graphs share, from the first one
+        self.stream = torch.cuda.Stream(self.device) if self.record else None
+        # 0-dim outputs, outside the graphs' pool: written by every step, read after it
+        self.loss_sum = torch.zeros((), device=self.device)
+        self.norm = torch.zeros((), device=self.device)
+        self.found_inf = torch.zeros((), device=self.device)  # 1.0: the update was skipped
+        self.lr = torch.zeros((), device=self.device)
+        self.optimizer.found_inf = self.found_inf  # type: ignore[attr-defined]
+
+    def step(self, inputs: Inputs, lr: float) -> tuple[Tensor, Tensor]:
+        """Train on one batch at learning rate `lr`.
+
+        Args:
+            inputs: the batch's tensors on the model's device, at a bucket shape.
+
+        Returns:
+            The summed loss and the gradient norm before clipping, 0-dim tensors that the
+            next step overwrites. When either is not finite, the weights were not updated.
+        """
+        self._set_lr(lr)
+        key = tuple((name, tuple(t.shape), t.dtype) for name, t in sorted(inputs.items()))
+        if key in self.graphs:
+            graph, static = self.graphs[key]
+            for name, tensor in inputs.items():
+                static[name].copy_(tensor)
+            graph.replay()
+        elif self.record and len(self.graphs) < self.max_graphs:
+            static = {name: tensor.clone() for name, tensor in inputs.items()}
+            self._first_step(static)
+            self.graphs[key] = (self._capture(static), static)
+        else:
+            self._body(inputs)
+        return self.loss_sum, self.norm
+
+    def _set_lr(self, lr: float) -> None:
+        """A recorded step reads the learning rate from `self.lr`; an eager one from the group."""
+        self.lr.fill_(lr)
+        for group in self.optimizer.param_groups:
+            if self.record:
+                group["lr"], group["capturable"] = self.lr, True
+            else:
+                group["lr"] = lr
+
+    def _body(self, inputs: Inputs) -> None:
+        """Forward, backward, clipping and the optimiser step, with no host sync."""
+        self.optimizer.zero_grad(set_to_none=False)
+        with self._autocast():
+            loss_sum, count = self.loss(inputs)
+        (loss_sum / count.clamp(min=1)).backward()
+        norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
+        self.loss_sum.copy_(loss_sum.detach())
+        self.norm.copy_(norm)
+        self.found_inf.copy_((~(loss_sum.isfinite() & norm.isfinite())).float())
+        self.optimizer.step()
+
+    def _first_step(self, static: Inputs) -> None:
+        """Run a shape's first step eagerly on a side stream (lazy initialisation, such as
+        the gradients and the optimiser's state, must happen outside a capture)."""
+        assert self.stream is not None
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            self._body(static)
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
+
+    def _capture(self, static: Inputs) -> torch.cuda.CUDAGraph:
+        """Record one step over `static` (recording runs nothing)."""
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            self._body(static)
+        if self.pool is None:
+            self.pool = graph.pool()
+        return graph
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """Autocast without its cache of cast weights: a graph must hold no cached casts."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, self.autocast_dtype, cache_enabled=False)
