@@ -13,6 +13,7 @@ from qkv.data.batching import (
     collate_texts,
     pad_to_bucket,
     pair_lengths,
+    target_rows,
     token_budget_batches,
     truncate,
 )
@@ -177,3 +178,13 @@ def test_pad_to_bucket_rounds_shapes_up_and_adds_rows_without_targets() -> None:
     assert padded.n_target_tokens == batch.n_target_tokens
     same = pad_to_bucket(padded, rows=16, length=8)  # already at a bucket shape
     assert torch.equal(same.src, padded.src) and torch.equal(same.labels, padded.labels)
+
+
+def test_target_rows_list_every_real_target_once_then_filler() -> None:
+    labels = torch.tensor([[7, 8, EOS_ID, PAD_ID], [9, EOS_ID, PAD_ID, PAD_ID], [PAD_ID] * 4])
+    rows, row_labels = target_rows(labels, multiple=4)
+    assert rows.tolist() == [0, 1, 2, 4, 5, 0, 0, 0]
+    assert row_labels.tolist() == [7, 8, EOS_ID, 9, EOS_ID, PAD_ID, PAD_ID, PAD_ID]
+    assert torch.equal(labels.reshape(-1)[rows[:5]], row_labels[:5])
+    rows, row_labels = target_rows(torch.full((2, 3), PAD_ID), multiple=4)
+    assert rows.numel() == 4 and (row_labels == PAD_ID).all()

@@ -44,7 +44,8 @@ def test_padded_loss_is_the_packed_loss(seed: int) -> None:
     task = _task(seed)
     for batch in BATCHES:
         inputs = task.padded_inputs(batch, CPU)
-        assert inputs["src"].size(0) % 16 == 0 and inputs["labels"].size(1) % 8 == 0
+        assert inputs["src"].size(0) % 16 == 0 and inputs["tgt_in"].size(1) % 8 == 0
+        assert inputs["rows"].shape == inputs["labels"].shape and inputs["rows"].numel() % 256 == 0
         loss, count = task.padded_loss(inputs)
         expected, _ = task.loss(batch, CPU)
         assert int(count) == task.n_targets(batch)

@@ -121,6 +121,32 @@ def pad_to_bucket(batch: PairBatch, rows: int = 16, length: int = 8) -> PairBatc
     return PairBatch(src=src, tgt_in=tgt_in, labels=labels)
 
 
+def target_rows(labels: torch.Tensor, multiple: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where the real targets of a padded batch are, as a list of a rounded length.
+
+    A step recorded as a CUDA graph cannot select the real target positions on the device:
+    their number would have to be read back first. The host knows it. Projecting only these
+    rows to the vocabulary saves the largest matmul and its (rows, V) logits on padding.
+
+    Args:
+        labels: (B, T), PAD where there is no target, on the CPU.
+        multiple: K is the number of real targets rounded up to a multiple of this.
+
+    Returns:
+        rows (K,) long, the flat position b * T + t of each real target, then 0 in the
+        filler rows; and their labels (K,) long, PAD in the filler rows (which a loss
+        ignores).
+    """
+    flat = labels.reshape(-1)  # (B * T,)
+    real = (flat != PAD_ID).nonzero().squeeze(1)  # (M,)
+    size = max(-(-real.numel() // multiple) * multiple, multiple)
+    rows = torch.zeros(size, dtype=torch.long)  # (K,)
+    rows[: real.numel()] = real
+    row_labels = torch.full((size,), PAD_ID, dtype=torch.long)  # (K,)
+    row_labels[: real.numel()] = flat[real]
+    return rows, row_labels
+
+
 def _pad_tensor(ids: torch.Tensor, batch_size: int, length: int) -> torch.Tensor:
     """ids (B, L) -> (batch_size, length), PAD after each row and in the rows added."""
     out = ids.new_full((batch_size, length), PAD_ID)

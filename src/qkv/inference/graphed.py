@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from qkv.graphs import side_stream
 from qkv.inference.incremental import ModelDecoder
 from qkv.inference.search import IncrementalDecoder
 from qkv.model.seq2seq import Seq2SeqTransformer
@@ -70,7 +71,7 @@ class StaticDecoder:
     def _record(self) -> None:
         """Warm up on a side stream, then record one step (the warm-up writes at position 0,
         which the first real step overwrites before anything reads it)."""
-        stream = torch.cuda.Stream()
+        stream = side_stream(self.tokens.device)
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream), _uncached_autocast():
             for _ in range(2):

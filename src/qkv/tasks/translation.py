@@ -14,6 +14,7 @@ from qkv.data.batching import (
     collate_pairs,
     pad_to_bucket,
     pair_lengths,
+    target_rows,
     token_budget_batches,
 )
 from qkv.data.cache import load_id_lists, save_id_lists
@@ -87,13 +88,16 @@ class TranslationTask:
 
     def padded_inputs(self, batch: list[int], device: torch.device) -> dict[str, torch.Tensor]:
         src = [self.src[i] for i in batch]
-        pairs = pad_to_bucket(collate_pairs(src, [self.tgt[i] for i in batch])).to(device)
-        return {"src": pairs.src, "tgt_in": pairs.tgt_in, "labels": pairs.labels}
+        pairs = pad_to_bucket(collate_pairs(src, [self.tgt[i] for i in batch]))
+        rows, row_labels = target_rows(pairs.labels)  # (K,) each
+        inputs = {"src": pairs.src, "tgt_in": pairs.tgt_in, "rows": rows, "labels": row_labels}
+        return {name: tensor.to(device) for name, tensor in inputs.items()}
 
     def padded_loss(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         states = self.model.hidden(inputs["src"], inputs["tgt_in"], packed=False)  # (B, T, D)
-        labels = inputs["labels"]  # (B, T)
-        loss = padded_cross_entropy(self.model.output(states), labels, self.label_smoothing, PAD_ID)
+        picked = states.flatten(0, 1).index_select(0, inputs["rows"])  # (K, D)
+        labels = inputs["labels"]  # (K,)
+        loss = padded_cross_entropy(self.model.output(picked), labels, self.label_smoothing, PAD_ID)
         return loss, (labels != PAD_ID).sum()
 
     def evaluate(self, device: torch.device) -> dict[str, float]:

@@ -10,10 +10,10 @@ the same memory, so a step must:
   (`qkv.data.batching.pad_to_bucket`) and each shape gets its graph, recorded the first time
   it comes (that first step runs eagerly, and is a real step);
 - never wait for the device: the model runs on the padded batch (`packed=False`), the loss
-  covers every position with padding ignored (`padded_cross_entropy`), the learning rate is
-  a device tensor, and a step whose loss or gradient norm is not finite is skipped by the
-  optimiser on the device (AdamW's fused kernel reads the `found_inf` flag that a gradient
-  scaler would set);
+  projects a list of target rows that the host chose and rounded up (`target_rows`, padding
+  ignored by `padded_cross_entropy`), the learning rate is a device tensor, and a step whose
+  loss or gradient norm is not finite is skipped by the optimiser on the device (AdamW's
+  fused kernel reads the `found_inf` flag that a gradient scaler would set);
 - keep its gradients where they are: they are zeroed in place, never set to None.
 
 The graphs share one memory pool: each replay's temporaries may overwrite another's, and the
@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from qkv.graphs import side_stream
 
 Inputs = dict[str, Tensor]
 LossFn = Callable[[Inputs], tuple[Tensor, Tensor]]  # -> summed loss, number of targets
@@ -69,7 +71,6 @@ class GraphedStep:
         self.record = self.device.type == "cuda" if graph is None else graph
         self.graphs: dict[tuple[Any, ...], tuple[torch.cuda.CUDAGraph, Inputs]] = {}
         self.pool: Any = None  # the memory pool the graphs share, from the first one
-        self.stream = torch.cuda.Stream(self.device) if self.record else None
         # 0-dim outputs, outside the graphs' pool: written by every step, read after it
         self.loss_sum = torch.zeros((), device=self.device)
         self.norm = torch.zeros((), device=self.device)
@@ -126,11 +127,11 @@ class GraphedStep:
     def _first_step(self, static: Inputs) -> None:
         """Run a shape's first step eagerly on a side stream (lazy initialisation, such as
         the gradients and the optimiser's state, must happen outside a capture)."""
-        assert self.stream is not None
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self.stream):
+        stream = side_stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
             self._body(static)
-        torch.cuda.current_stream(self.device).wait_stream(self.stream)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
 
     def _capture(self, static: Inputs) -> torch.cuda.CUDAGraph:
         """Record one step over `static` (recording runs nothing)."""

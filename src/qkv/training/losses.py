@@ -32,18 +32,17 @@ def smoothed_cross_entropy(logits: Tensor, labels: Tensor, smoothing: float) -> 
 
 
 def padded_cross_entropy(logits: Tensor, labels: Tensor, smoothing: float, pad_id: int) -> Tensor:
-    """`smoothed_cross_entropy` over every position of a padded batch, padding ignored.
+    """`smoothed_cross_entropy` over rows that include padding, which is ignored.
 
-    The same sum as `nonpad_logits` then `smoothed_cross_entropy`, at shapes that depend on the
-    batch's shape alone: what a step recorded as a CUDA graph needs, where selecting the real
-    rows would wait for the device to count them.
+    The same sum as `nonpad_logits` then `smoothed_cross_entropy`, at shapes that do not
+    depend on how many targets are real: what a step recorded as a CUDA graph needs.
 
     Args:
-        logits: (B, T, V); labels: (B, T), `pad_id` where there is no target.
+        logits: (..., V); labels: (...), `pad_id` where there is no target.
     """
     return F.cross_entropy(
-        logits.flatten(0, 1).float(),  # (B * T, V)
-        labels.flatten(),  # (B * T,)
+        logits.reshape(-1, logits.size(-1)).float(),  # (N, V)
+        labels.reshape(-1),  # (N,)
         ignore_index=pad_id,
         label_smoothing=smoothing,
         reduction="sum",
