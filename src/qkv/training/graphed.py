@@ -60,7 +60,7 @@ class GraphedStep:
         max_norm: float = math.inf,
         autocast_dtype: torch.dtype | None = None,
         graph: bool | None = None,
-        max_graphs: int = 32,
+        max_graphs: int = 64,
     ) -> None:
         if not all(group.get("fused") for group in optimizer.param_groups):
             raise ValueError("a graphed step needs an optimiser with a fused kernel")
