@@ -3,8 +3,8 @@
 Training runs the step of qkv's own trainer: `model.hidden` -> `nonpad_logits` (the output
 projection only on real target rows) -> `smoothed_cross_entropy`, AdamW (fused), with
 `tune_allocator()` applied at start. On a GPU (unless `cuda_graphs` is False), the trainer's
-step there: batches padded to bucket shapes (`pad_to_bucket`, `target_rows`), each shape's
-whole step recorded once as a CUDA graph and replayed (`qkv.training.graphed.GraphedStep`).
+step there: batches padded to bucket shapes (`bucket_inputs`), each shape's whole step
+recorded once as a CUDA graph and replayed (`qkv.training.graphed.GraphedStep`).
 
 Decoding runs qkv's `greedy_search` and `beam_search` over the model's KV-cached
 `decode_step` (on a GPU, each step one CUDA graph replay unless `cuda_graphs` is False), with
@@ -25,10 +25,9 @@ from workload import BOS, EOS, PAD, Shape
 
 from qkv.data.batching import (
     PairBatch,
+    bucket_inputs,
     collate_pairs,
-    pad_to_bucket,
     pair_lengths,
-    target_rows,
     token_budget_batches,
 )
 from qkv.inference.beam import beam_search
@@ -36,7 +35,7 @@ from qkv.inference.graphed import make_decoder
 from qkv.inference.search import greedy_search
 from qkv.model import ModelConfig, Seq2SeqTransformer
 from qkv.training.graphed import GraphedStep
-from qkv.training.losses import nonpad_logits, padded_cross_entropy, smoothed_cross_entropy
+from qkv.training.losses import bucket_loss, nonpad_logits, smoothed_cross_entropy
 from qkv.training.optimizer import adamw
 from qkv.training.speed import tune_allocator
 
@@ -132,21 +131,18 @@ class QkvSystem:
         )
 
         def step(batch: dict[str, Tensor]) -> float:
-            padded = pad_to_bucket(PairBatch(batch["src"], batch["tgt_in"], batch["labels"]))
-            rows, labels = target_rows(padded.labels.cpu())  # (K,) each, as the trainer's
-            inputs = {"src": padded.src, "tgt_in": padded.tgt_in, "rows": rows, "labels": labels}
-            loss_sum, _ = graphed.step({k: v.to(padded.src.device) for k, v in inputs.items()}, lr)
+            pairs = PairBatch(
+                **{k: v.cpu() for k, v in batch.items()}
+            )  # as the trainer's, on the CPU
+            inputs = {k: v.to(batch["src"].device) for k, v in bucket_inputs(pairs).items()}
+            loss_sum, _ = graphed.step(inputs, lr)
             return float(loss_sum) / max(int((batch["labels"] != PAD).sum()), 1)
 
         return step
 
     def padded_loss(self, inputs: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        """Summed loss and target count of a padded batch, as `TranslationTask.padded_loss`."""
-        states = self.model.hidden(inputs["src"], inputs["tgt_in"], packed=False)  # (B, T, D)
-        picked = states.flatten(0, 1).index_select(0, inputs["rows"])  # (K, D)
-        labels = inputs["labels"]  # (K,)
-        loss = padded_cross_entropy(self.model.output(picked), labels, LABEL_SMOOTHING, PAD)
-        return loss, (labels != PAD).sum()
+        """`TranslationTask.padded_loss`: summed loss and target count of `bucket_inputs`."""
+        return bucket_loss(self.model, inputs, LABEL_SMOOTHING, PAD)
 
     def greedy(self, src: Tensor, n: int) -> Tensor:
         decoder = NoEndDecoder(make_decoder(self.model, src, n, src.size(0), self.cuda_graphs))

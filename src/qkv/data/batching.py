@@ -147,6 +147,18 @@ def target_rows(labels: torch.Tensor, multiple: int = 256) -> tuple[torch.Tensor
     return rows, row_labels
 
 
+def bucket_inputs(batch: PairBatch) -> dict[str, torch.Tensor]:
+    """A CPU batch as the inputs of a training step recorded as a CUDA graph: padded to its
+    bucket shape (`pad_to_bucket`), with its target rows (`target_rows`).
+
+    Returns:
+        src (B', S'), tgt_in (B', T'), rows (K,) and labels (K,), on the CPU.
+    """
+    padded = pad_to_bucket(batch)
+    rows, labels = target_rows(padded.labels)  # (K,) each
+    return {"src": padded.src, "tgt_in": padded.tgt_in, "rows": rows, "labels": labels}
+
+
 def _pad_tensor(ids: torch.Tensor, batch_size: int, length: int) -> torch.Tensor:
     """ids (B, L) -> (batch_size, length), PAD after each row and in the rows added."""
     out = ids.new_full((batch_size, length), PAD_ID)

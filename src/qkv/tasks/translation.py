@@ -11,10 +11,9 @@ import torch
 
 from qkv.data.batching import (
     PairBatch,
+    bucket_inputs,
     collate_pairs,
-    pad_to_bucket,
     pair_lengths,
-    target_rows,
     token_budget_batches,
 )
 from qkv.data.cache import load_id_lists, save_id_lists
@@ -27,7 +26,7 @@ from qkv.model.config import ModelConfig
 from qkv.model.seq2seq import Seq2SeqTransformer
 from qkv.run import TOKENIZER_FILE, RunConfig, data_settings, load_tokenizer
 from qkv.training.config import TrainConfig
-from qkv.training.losses import nonpad_logits, padded_cross_entropy, smoothed_cross_entropy
+from qkv.training.losses import bucket_loss, nonpad_logits, smoothed_cross_entropy
 from qkv.training.speed import pick_device, set_threads, tune_allocator
 from qkv.training.trainer import Progress, Trainer
 from qkv.viz.curves import write_curves
@@ -87,18 +86,11 @@ class TranslationTask:
         return smoothed_cross_entropy(logits, labels, self.label_smoothing), {}
 
     def padded_inputs(self, batch: list[int], device: torch.device) -> dict[str, torch.Tensor]:
-        src = [self.src[i] for i in batch]
-        pairs = pad_to_bucket(collate_pairs(src, [self.tgt[i] for i in batch]))
-        rows, row_labels = target_rows(pairs.labels)  # (K,) each
-        inputs = {"src": pairs.src, "tgt_in": pairs.tgt_in, "rows": rows, "labels": row_labels}
-        return {name: tensor.to(device) for name, tensor in inputs.items()}
+        pairs = collate_pairs([self.src[i] for i in batch], [self.tgt[i] for i in batch])
+        return {name: tensor.to(device) for name, tensor in bucket_inputs(pairs).items()}
 
     def padded_loss(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        states = self.model.hidden(inputs["src"], inputs["tgt_in"], packed=False)  # (B, T, D)
-        picked = states.flatten(0, 1).index_select(0, inputs["rows"])  # (K, D)
-        labels = inputs["labels"]  # (K,)
-        loss = padded_cross_entropy(self.model.output(picked), labels, self.label_smoothing, PAD_ID)
-        return loss, (labels != PAD_ID).sum()
+        return bucket_loss(self.model, inputs, self.label_smoothing, PAD_ID)
 
     def evaluate(self, device: torch.device) -> dict[str, float]:
         total, count = 0.0, 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from qkv.model.seq2seq import Seq2SeqTransformer
+
 
 def nonpad_logits(
     output: nn.Module, states: Tensor, labels: Tensor, pad_id: int
@@ -47,3 +49,19 @@ def padded_cross_entropy(logits: Tensor, labels: Tensor, smoothing: float, pad_i
         label_smoothing=smoothing,
         reduction="sum",
     )
+
+
+def bucket_loss(
+    model: Seq2SeqTransformer, inputs: dict[str, Tensor], smoothing: float, pad_id: int
+) -> tuple[Tensor, Tensor]:
+    """Summed smoothed cross-entropy and target count (0-dim each) of `bucket_inputs`, with
+    no host sync: the loss of a translation step recorded as a CUDA graph.
+
+    Args:
+        inputs: src (B, S), tgt_in (B, T), rows (K,) and labels (K,) on the model's device.
+    """
+    states = model.hidden(inputs["src"], inputs["tgt_in"], packed=False)  # (B, T, D)
+    picked = states.flatten(0, 1).index_select(0, inputs["rows"])  # (K, D)
+    labels = inputs["labels"]  # (K,)
+    loss = padded_cross_entropy(model.output(picked), labels, smoothing, pad_id)
+    return loss, (labels != pad_id).sum()
