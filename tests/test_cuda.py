@@ -20,6 +20,7 @@ from qkv.tasks.dates import generate_date_pairs
 from qkv.training.graphed import GraphedStep
 from qkv.training.optimizer import adamw
 from tests.model.helpers import random_ids, tiny_config
+from tests.tasks.helpers import write_dates
 from tests.training.test_graphed import BATCHES, _task
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -73,12 +74,7 @@ def test_search_on_cuda_finds_what_it_finds_on_cpu(
 
 
 def test_bf16_training_run_on_cuda_learns_and_translates(tmp_path: Path) -> None:
-    data = tmp_path / "data"
-    data.mkdir()
-    for split, n, seed in (("train", 400, 1), ("val", 30, 2)):
-        pairs = generate_date_pairs(n, seed=seed)
-        (data / f"{split}.src").write_text("".join(s + "\n" for s, _ in pairs))
-        (data / f"{split}.tgt").write_text("".join(t + "\n" for _, t in pairs))
+    data = write_dates(tmp_path / "data", train=400, val=30)
     run = tmp_path / "run"
     argv = ["train", "translation", "--data", str(data), "--src", "src", "--tgt", "tgt"]
     argv += ["--out", str(run), "--preset", "tiny", "vocab_size=120", "max_steps=60"]

@@ -14,20 +14,13 @@ import pytest
 from qkv.cli import main
 from qkv.inference.translator import Translator
 from qkv.tasks.dates import generate_date_pairs
-
-
-def write_pairs(directory: Path, split: str, pairs: list[tuple[str, str]]) -> None:
-    (directory / f"{split}.src").write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
-    (directory / f"{split}.tgt").write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")
+from tests.tasks.helpers import write_dates
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("translation")
-    data = root / "data"
-    data.mkdir()
-    write_pairs(data, "train", generate_date_pairs(400, seed=1))
-    write_pairs(data, "val", generate_date_pairs(30, seed=2))
+    data = write_dates(root / "data", train=400, val=30)
     run = root / "run"
     code = main(
         [

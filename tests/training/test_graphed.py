@@ -12,13 +12,13 @@ import torch
 
 from qkv.cli import main
 from qkv.model.seq2seq import Seq2SeqTransformer
-from qkv.tasks.dates import generate_date_pairs
 from qkv.tasks.translation import TranslationTask
 from qkv.training.config import TrainConfig
 from qkv.training.graphed import GraphedStep
 from qkv.training.optimizer import adamw
 from qkv.training.trainer import Trainer
 from tests.model.helpers import tiny_config
+from tests.tasks.helpers import write_dates
 
 CPU = torch.device("cpu")
 
@@ -125,12 +125,7 @@ def test_a_trainer_run_through_the_graphed_step_trains_as_the_eager_run(
 ) -> None:
     """The trainer's GPU branch (lr schedule, clipping, bad-step check, checkpoints), with the
     graphed step run eagerly on the CPU: the same losses as the trainer's own eager step."""
-    data = tmp_path / "data"
-    data.mkdir()
-    for split, n, seed in (("train", 200, 1), ("val", 10, 2)):
-        pairs = generate_date_pairs(n, seed=seed)
-        (data / f"{split}.src").write_text("".join(s + "\n" for s, _ in pairs))
-        (data / f"{split}.tgt").write_text("".join(t + "\n" for _, t in pairs))
+    data = write_dates(tmp_path / "data", train=200, val=10)
     argv = ["train", "translation", "--data", str(data), "--src", "src", "--tgt", "tgt"]
     argv += ["--preset", "tiny", "vocab_size=120", "max_steps=12", "eval_every=6", "log_every=1"]
     argv += ["dropout=0", "warmup=4", "lr=3e-3", "max_tokens=400", "threads=1"]
