@@ -131,12 +131,10 @@ class QkvSystem:
         )
 
         def step(batch: dict[str, Tensor]) -> float:
-            pairs = PairBatch(
-                **{k: v.cpu() for k, v in batch.items()}
-            )  # as the trainer's, on the CPU
+            pairs = PairBatch(**{k: v.cpu() for k, v in batch.items()})  # as the trainer's
             inputs = {k: v.to(batch["src"].device) for k, v in bucket_inputs(pairs).items()}
             loss_sum, _ = graphed.step(inputs, lr)
-            return float(loss_sum) / max(int((batch["labels"] != PAD).sum()), 1)
+            return float(loss_sum) / max(pairs.n_target_tokens, 1)
 
         return step
 

@@ -10,8 +10,8 @@ the same memory, so a step must:
   (`qkv.data.batching.pad_to_bucket`) and each shape gets its graph, recorded the first time
   it comes (that first step runs eagerly, and is a real step);
 - never wait for the device: the model runs on the padded batch (`packed=False`), the loss
-  projects a list of target rows that the host chose and rounded up (`target_rows`, padding
-  ignored by `padded_cross_entropy`), the learning rate is a device tensor, and a step whose
+  projects a list of target rows that the host chose and rounded up (`target_rows`, filler
+  rows ignored by the loss), the learning rate is a device tensor, and a step whose
   loss or gradient norm is not finite is skipped by the optimiser on the device (AdamW's
   fused kernel reads the `found_inf` flag that a gradient scaler would set);
 - keep its gradients where they are: they are zeroed in place, never set to None.
@@ -66,7 +66,7 @@ class GraphedStep:
             raise ValueError("a graphed step needs an optimiser with a fused kernel")
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.device = self.params[0].device
-        self.model, self.optimizer, self.loss = model, optimizer, loss
+        self.optimizer, self.loss = optimizer, loss
         self.max_norm, self.autocast_dtype, self.max_graphs = max_norm, autocast_dtype, max_graphs
         self.record = self.device.type == "cuda" if graph is None else graph
         self.graphs: dict[tuple[Any, ...], tuple[torch.cuda.CUDAGraph, Inputs]] = {}
@@ -105,12 +105,13 @@ class GraphedStep:
 
     def _set_lr(self, lr: float) -> None:
         """A recorded step reads the learning rate from `self.lr`; an eager one from the group."""
+        if not self.record:
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            return
         self.lr.fill_(lr)
         for group in self.optimizer.param_groups:
-            if self.record:
-                group["lr"], group["capturable"] = self.lr, True
-            else:
-                group["lr"] = lr
+            group["lr"], group["capturable"] = self.lr, True
 
     def _body(self, inputs: Inputs) -> None:
         """Forward, backward, clipping and the optimiser step, with no host sync."""

@@ -28,24 +28,18 @@ def nonpad_logits(
     return output(states[keep]), labels[keep]  # (M, V), (M,)
 
 
-def smoothed_cross_entropy(logits: Tensor, labels: Tensor, smoothing: float) -> Tensor:
-    """Summed label-smoothed cross-entropy: logits (M, V), labels (M,) -> scalar."""
-    return F.cross_entropy(logits.float(), labels, label_smoothing=smoothing, reduction="sum")
+def smoothed_cross_entropy(
+    logits: Tensor, labels: Tensor, smoothing: float, ignore_index: int = -100
+) -> Tensor:
+    """Summed label-smoothed cross-entropy: logits (M, V), labels (M,) -> scalar.
 
-
-def padded_cross_entropy(logits: Tensor, labels: Tensor, smoothing: float, pad_id: int) -> Tensor:
-    """`smoothed_cross_entropy` over rows that include padding, which is ignored.
-
-    The same sum as `nonpad_logits` then `smoothed_cross_entropy`, at shapes that do not
-    depend on how many targets are real: what a step recorded as a CUDA graph needs.
-
-    Args:
-        logits: (..., V); labels: (...), `pad_id` where there is no target.
+    Rows whose label is `ignore_index` add nothing: `bucket_loss` passes the padding id, for
+    the filler rows of a fixed-length list of targets.
     """
     return F.cross_entropy(
-        logits.reshape(-1, logits.size(-1)).float(),  # (N, V)
-        labels.reshape(-1),  # (N,)
-        ignore_index=pad_id,
+        logits.float(),
+        labels,
+        ignore_index=ignore_index,
         label_smoothing=smoothing,
         reduction="sum",
     )
@@ -63,5 +57,5 @@ def bucket_loss(
     states = model.hidden(inputs["src"], inputs["tgt_in"], packed=False)  # (B, T, D)
     picked = states.flatten(0, 1).index_select(0, inputs["rows"])  # (K, D)
     labels = inputs["labels"]  # (K,)
-    loss = padded_cross_entropy(model.output(picked), labels, smoothing, pad_id)
+    loss = smoothed_cross_entropy(model.output(picked), labels, smoothing, ignore_index=pad_id)
     return loss, (labels != pad_id).sum()
