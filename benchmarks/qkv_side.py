@@ -6,10 +6,11 @@ projection only on real target rows) -> `smoothed_cross_entropy`, AdamW (fused),
 step there: batches padded to bucket shapes (`bucket_inputs`), each shape's whole step
 recorded once as a CUDA graph and replayed (`qkv.training.graphed.GraphedStep`).
 
-Decoding runs qkv's `greedy_search` and `beam_search` over the model's KV-cached
-`decode_step` (on a GPU, each step one CUDA graph replay unless `cuda_graphs` is False), with
-EOS masked so that every sentence gets exactly n tokens, like `min_new_tokens =
-max_new_tokens = n` in Hugging Face's `generate`.
+Decoding runs what `qkv translate` runs, with EOS masked so that every sentence gets exactly
+n tokens, like `min_new_tokens = max_new_tokens = n` in Hugging Face's `generate`: on a CPU
+(or with `cuda_graphs` False), `greedy_search` and `beam_search` over the model's KV-cached
+`decode_step`; on a GPU, `graphed_greedy_search` and `graphed_beam_search`, whose decoding
+step and search step are recorded together as one CUDA graph and replayed.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from qkv.data.batching import (
     token_budget_batches,
 )
 from qkv.inference.beam import beam_search
-from qkv.inference.graphed import make_decoder
+from qkv.inference.graphed import StaticDecoder, make_decoder
+from qkv.inference.graphed_search import graphed_beam_search, graphed_greedy_search
 from qkv.inference.search import greedy_search
 from qkv.model import ModelConfig, Seq2SeqTransformer
 from qkv.training.graphed import GraphedStep
@@ -56,6 +58,15 @@ class NoEndDecoder:
 
     def select(self, rows: Tensor) -> None:
         self.decoder.select(rows)
+
+
+class NoEndStaticDecoder(StaticDecoder):
+    """`NoEndDecoder` for the fixed-shape decoder, inside the step that the graph records."""
+
+    def compute(self) -> Tensor:
+        logits = super().compute()  # (R, V)
+        logits[:, EOS] = -torch.inf
+        return logits
 
 
 def model_config(shape: Shape) -> ModelConfig:
@@ -88,7 +99,7 @@ class QkvSystem:
             "attention": "F.scaled_dot_product_attention; attention_dropout "
             f"{config.attention_dropout} (qkv default, as in the paper)",
             "kv_cache": "yes (preallocated self-attention cache, cross K/V once)",
-            "cuda_graphs": "one replay per decoding step on a GPU"
+            "cuda_graphs": "one replay per decoding and search step on a GPU"
             if cuda_graphs
             else "off (eager decoding)",
             "train_step": "hidden -> nonpad_logits -> smoothed_cross_entropy; "
@@ -143,16 +154,24 @@ class QkvSystem:
         return bucket_loss(self.model, inputs, LABEL_SMOOTHING, PAD)
 
     def greedy(self, src: Tensor, n: int) -> Tensor:
-        decoder = NoEndDecoder(make_decoder(self.model, src, n, src.size(0), self.cuda_graphs))
+        """What `qkv translate` runs: on a GPU, whole steps as graphs (`graphed_search.py`)."""
         budget = torch.full((src.size(0),), n, dtype=torch.long, device=src.device)
-        found = greedy_search(decoder, src.size(0), budget, BOS, EOS)
+        if self.cuda_graphs and src.is_cuda:
+            static = NoEndStaticDecoder(self.model, src, n, src.size(0))
+            found = graphed_greedy_search(static, src.size(0), budget, BOS, EOS)
+        else:
+            decoder = NoEndDecoder(make_decoder(self.model, src, n, src.size(0), False))
+            found = greedy_search(decoder, src.size(0), budget, BOS, EOS)
         return torch.tensor(found, dtype=torch.long)  # (B, n)
 
     def beam(self, src: Tensor, n: int, k: int) -> Tensor:
-        rows = src.size(0) * k
-        decoder = NoEndDecoder(make_decoder(self.model, src, n, rows, self.cuda_graphs))
         budget = torch.full((src.size(0),), n, dtype=torch.long, device=src.device)
-        found = beam_search(decoder, src.size(0), k, budget, BEAM_ALPHA, BOS, EOS)
+        if self.cuda_graphs and src.is_cuda:
+            static = NoEndStaticDecoder(self.model, src, n, src.size(0) * k)
+            found = graphed_beam_search(static, src.size(0), k, budget, BEAM_ALPHA, BOS, EOS)
+        else:
+            decoder = NoEndDecoder(make_decoder(self.model, src, n, src.size(0) * k, False))
+            found = beam_search(decoder, src.size(0), k, budget, BEAM_ALPHA, BOS, EOS)
         return torch.tensor([hyps[0].tokens for hyps in found], dtype=torch.long)  # (B, n)
 
 

@@ -10,15 +10,19 @@ import pytest
 import torch
 
 from qkv.cli import main
+from qkv.inference.beam import beam_search
 from qkv.inference.graphed import StaticDecoder
+from qkv.inference.graphed_search import graphed_beam_search, graphed_greedy_search
 from qkv.inference.incremental import ModelDecoder
 from qkv.inference.precision import decoding_model
+from qkv.inference.search import greedy_search
 from qkv.inference.translate import DecodeOptions, translate_ids
 from qkv.inference.translator import Translator
 from qkv.model.seq2seq import Seq2SeqTransformer
 from qkv.tasks.dates import generate_date_pairs
 from qkv.training.graphed import GraphedStep
 from qkv.training.optimizer import adamw
+from tests.inference.test_graphed_search import EndingOften
 from tests.model.helpers import random_ids, tiny_config
 from tests.tasks.helpers import write_dates
 from tests.training.test_graphed import BATCHES, _task
@@ -98,13 +102,13 @@ def test_graph_replays_compute_the_eager_steps(model: Seq2SeqTransformer, bf16: 
     tolerance = 3e-2 if bf16 else 1e-4
     with torch.inference_mode(), torch.autocast("cuda", torch.bfloat16, enabled=bf16):
         eager, graphed = ModelDecoder(model, src, 7), StaticDecoder(model, src, 7, rows=8)
-        assert graphed.graph is not None
         for t in range(7):
             rows = 4 if t == 0 else 8
             expected, found = eager.step(tgt[:rows, t]), graphed.step(tgt[:rows, t])  # (N, V)
             torch.testing.assert_close(found, expected, atol=tolerance, rtol=tolerance)
             for decoder in (eager, graphed):
                 decoder.select(expand if t == 0 else reorder)
+        assert graphed.graph is not None
 
 
 @pytest.mark.parametrize("beam_size", [1, 4])
@@ -120,16 +124,51 @@ def test_search_with_cuda_graphs_finds_what_eager_finds(
     )
 
 
+@pytest.mark.parametrize("eos_bias", [0.0, 2.5])
+def test_graphed_searches_replay_what_they_compute_eagerly(
+    model: Seq2SeqTransformer, eos_bias: float
+) -> None:
+    """Greedy and beam-4 search steps recorded as one graph with the decoding step: the same
+    hypotheses as the same steps run eagerly on the GPU, and as the host-driven searches."""
+    model.to(CUDA)
+    src = random_ids(6, 7, vocab=60).to(CUDA)
+    src[2, 3:] = 0
+    budgets = torch.tensor([3, 9, 1, 12, 0, 6], device=CUDA)
+    with torch.inference_mode():
+        beams = []
+        for graph in (False, True):
+            decoder = EndingOften(model, src, 12, 24, graph=graph)
+            decoder.eos_bias = eos_bias
+            beams.append(graphed_beam_search(decoder, 6, 4, budgets))
+        host = EndingOften(model, src, 12, 24, graph=False)
+        host.eos_bias = eos_bias
+        expected = beam_search(host, 6, 4, budgets)
+        for found in beams:
+            assert [[h.tokens for h in hyps] for hyps in found] == [
+                [h.tokens for h in hyps] for hyps in expected
+            ]
+            scores = [h.score for hyps in found for h in hyps]
+            assert scores == pytest.approx([h.score for hyps in expected for h in hyps], abs=1e-5)
+        paths = []
+        for graph in (False, True):
+            decoder = EndingOften(model, src, 12, 6, graph=graph)
+            decoder.eos_bias = eos_bias
+            paths.append(graphed_greedy_search(decoder, 6, budgets))
+        host = EndingOften(model, src, 12, 6, graph=False)
+        host.eos_bias = eos_bias
+        assert paths[0] == paths[1] == greedy_search(host, 6, budgets)
+
+
 def test_bf16_weights_replay_the_eager_bf16_steps(model: Seq2SeqTransformer) -> None:
     """`--bf16` on a GPU: a bf16 copy of the model, its steps recorded as a graph."""
     copy = decoding_model(model.to(CUDA), True, CUDA)
     src, tgt = random_ids(4, 6, vocab=60).to(CUDA), random_ids(4, 5, vocab=60).to(CUDA)
     with torch.inference_mode():
         eager, graphed = ModelDecoder(copy, src, 5), StaticDecoder(copy, src, 5, rows=4)
-        assert graphed.graph is not None and graphed.cache.cross_keys[0].dtype == torch.bfloat16
         for t in range(5):
             expected, found = eager.step(tgt[:, t]), graphed.step(tgt[:, t])  # (B, V) float32
             torch.testing.assert_close(found, expected, atol=3e-2, rtol=3e-2)
+        assert graphed.graph is not None and graphed.cache.cross_keys[0].dtype == torch.bfloat16
     sources = random_sources(seed=6, count=20)
     options = DecodeOptions(beam_size=3, max_tokens=200, bf16=True)
     assert len(translate_ids(model, sources, options, CUDA)) == 20

@@ -11,9 +11,11 @@ shape and address from step to step:
   masked out, and writes its keys and values at a position held in a tensor;
 - the cross-attention keys and values: one copy per row (`StaticDecoderCache`).
 
-The search loops stay as they are (`search.py`, `beam.py`): they feed the N rows in use, read
-their logits and call `select`, which moves rows between the fixed buffers. Rows beyond N are
-computed for nothing; on a GPU that costs less than a launch.
+The search loops of `search.py` and `beam.py` work with it as they are: they feed the N rows in
+use, read their logits and call `select`, which moves rows between the fixed buffers. Rows
+beyond N are computed for nothing; on a GPU that costs less than a launch. Between two steps
+those loops read results on the host, which makes the host wait for the device; the searches
+of `graphed_search.py` record their own work in the same graph instead.
 
 Shapes follow the package alphabet (see `qkv.model`): B batch, N rows in use, R rows in all,
 V vocabulary size.
@@ -22,7 +24,8 @@ V vocabulary size.
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -42,8 +45,9 @@ class StaticDecoder:
         max_steps: the most tokens any row will be fed (BOS included), at most the model's
             max_len.
         rows: R, the most rows the search will hold at once (B * beam width), at least B.
-        graph: record the step as a CUDA graph; None records one on a CUDA device only.
-            Without a graph the same fixed-shape step runs eagerly (same numbers).
+        graph: replay the step as a CUDA graph, recorded at the first `step`; None: on a
+            CUDA device only. Without a graph the same fixed-shape step runs eagerly (same
+            numbers).
     """
 
     def __init__(
@@ -58,39 +62,34 @@ class StaticDecoder:
         memory, src_mask, _ = model.encode(src_ids)  # (B, S, D), (B, 1, 1, S)
         self.cache = model.init_static_cache(memory, src_mask, max_steps, rows)
         self.tokens = torch.zeros(rows, dtype=torch.long, device=src_ids.device)  # (R,)
+        self.use_graph = src_ids.device.type == "cuda" if graph is None else graph
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits = torch.empty(0)  # (R, V) where the graph leaves its output
-        if graph is None:
-            graph = src_ids.device.type == "cuda"
-        if graph:
-            self._record()
 
-    def _forward(self) -> Tensor:
+    @property
+    def rows(self) -> int:
+        """R, the rows computed at every step."""
+        return self.tokens.numel()
+
+    def compute(self) -> Tensor:
+        """The fixed-shape step itself: next-token logits (R, V) in float32 of every row, fed
+        `tokens` at `cache.position`. Nothing here waits for the device or moves the host's
+        count, so it can be recorded into a larger graph (see `graphed_search.py`)."""
         return self.model.decode_step(self.tokens, self.cache).float()  # (R, V)
 
-    def _record(self) -> None:
-        """Warm up on a side stream, then record one step (the warm-up writes at position 0,
-        which the first real step overwrites before anything reads it)."""
-        stream = side_stream(self.tokens.device)
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream), _uncached_autocast():
-            for _ in range(2):
-                self._forward()
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph), _uncached_autocast():
-            self.logits = self._forward()
-
     def step(self, tokens: Tensor) -> Tensor:
-        """tokens (N,) -> next-token logits (N, V), in float32."""
+        """tokens (N,) -> next-token logits (N, V), in float32. With a graph, the first call
+        records `compute` and every call replays it."""
         count, cache = tokens.numel(), self.cache
         if cache.length >= cache.capacity:
             raise RuntimeError(f"decoder full: {cache.capacity} steps were allowed")
         self.tokens[:count].copy_(tokens)
         cache.position.fill_(cache.length)
-        if self.graph is None:
-            logits = self._forward()[:count]  # (N, V), rows of a new tensor
+        if not self.use_graph:
+            logits = self.compute()[:count]  # (N, V), rows of a new tensor
         else:
+            if self.graph is None:  # the warm-ups compute this very step: harmless
+                self.graph, self.logits = record(self.compute, self.tokens.device)
             self.graph.replay()
             logits = self.logits[:count].clone()  # (N, V), a copy: the next replay overwrites
         cache.length += 1
@@ -99,6 +98,35 @@ class StaticDecoder:
     def select(self, rows: Tensor) -> None:
         """Keep and reorder rows: new row i = old row rows[i] (at most R rows)."""
         self.cache.select(rows)
+
+    def reorder(self, rows: Tensor) -> None:
+        """`select` of exactly R rows at fixed cost, with no host work: every row of the
+        self-attention caches is gathered (recordable in a graph; the cross-attention tensors
+        stay, so each row must keep its source)."""
+        self.cache.gather_self_attention(rows)
+
+
+T = TypeVar("T")
+
+
+def record(compute: Callable[[], T], device: torch.device) -> tuple[torch.cuda.CUDAGraph, T]:
+    """Record `compute` as a CUDA graph: (the graph, the tensors its recording returned, which
+    every replay overwrites).
+
+    It runs twice eagerly on the side stream first (lazy initialisation must happen outside a
+    capture), so it must be harmless to run before the replays: a decoding step that the
+    first replay repeats, or a search step whose state the caller then resets.
+    """
+    stream = side_stream(device)
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), _uncached_autocast():
+        for _ in range(2):
+            compute()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), _uncached_autocast():
+        result = compute()
+    return graph, result
 
 
 def make_decoder(

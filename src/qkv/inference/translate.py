@@ -11,7 +11,8 @@ from qkv.data.batching import token_budget_batches
 from qkv.data.special import PAD_ID
 from qkv.errors import ConfigError
 from qkv.inference.beam import beam_search
-from qkv.inference.graphed import make_decoder
+from qkv.inference.graphed import StaticDecoder, make_decoder
+from qkv.inference.graphed_search import graphed_beam_search, graphed_greedy_search
 from qkv.inference.precision import decoding_model
 from qkv.inference.search import check_sampling, greedy_search, sample
 from qkv.inference.workers import check_workers, map_in_workers
@@ -111,6 +112,13 @@ def _decode_batch(
     decoder = make_decoder(
         model, src, int(max_lengths.max()) + 1, batch * beams, options.cuda_graphs
     )
+    if isinstance(decoder, StaticDecoder) and not options.sampling:  # whole steps as graphs
+        if options.beam_size > 1:
+            found = graphed_beam_search(
+                decoder, batch, options.beam_size, max_lengths, options.alpha
+            )
+            return [hyps[0].tokens for hyps in found]
+        return graphed_greedy_search(decoder, batch, max_lengths)
     if options.sampling:
         top_k, top_p = options.top_k, options.top_p
         return sample(decoder, batch, max_lengths, options.temperature, top_k, top_p, generator)

@@ -244,3 +244,14 @@ class StaticDecoderCache:
             for buffer in (cache.keys, cache.values)
         ]  # (R, H, length, K) each
         move_rows([*filled, *self.cross_keys, *self.cross_values, self.src_mask], rows)
+
+    def gather_self_attention(self, rows: Tensor) -> None:
+        """Reorder the self-attention rows: new row i = old row rows[i] (rows (R,) long).
+
+        Every row and position is gathered, so the work and the shapes never change and no
+        count is read on the host (a step recorded as a CUDA graph can do it). The
+        cross-attention tensors are left as they are: each row must keep its source.
+        """
+        for cache in self.self_attn:
+            cache.keys.copy_(cache.keys.index_select(0, rows))  # (R, H, T_max, K)
+            cache.values.copy_(cache.values.index_select(0, rows))  # (R, H, T_max, K)

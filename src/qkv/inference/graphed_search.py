@@ -1,0 +1,286 @@
+"""Greedy and beam search whose steps never leave the device: one CUDA graph replay per step.
+
+`search.py` and `beam.py` read each step's results on the host (which rows ended, which
+hypotheses to keep, which rows to drop), so on a GPU every step waits for the device, and the
+search's few dozen small kernels are launched one by one from Python between two replays of
+the decoding step. Here the search's work is tensor operations at fixed shapes, recorded with
+the decoding step (`StaticDecoder.compute`) as one graph, and the host only replays it:
+
+- no row is ever dropped: a finished sentence keeps its rows, which are computed for nothing
+  and change nothing (every update of results is masked by `done`);
+- the tokens of each row and the step's position live in tensors on the device;
+- beam search keeps each sentence's finished hypotheses in F = 3W slots of fixed tensors: a
+  sentence is live while it holds fewer than W, and one step adds at most 2W (W ending in EOS,
+  W more if it reaches its length budget);
+- the host reads a single flag, "every sentence is done", every few steps.
+
+The rules and results are those of `search.greedy_search` and `beam.beam_search` (the same
+tokens; equal scores may be ordered differently): see there. The tests check this on the CPU,
+where the same steps run eagerly. The decoder is used up by a search: make one per batch.
+
+Shapes follow the package alphabet (see `qkv.model`): B batch, W beam width, R = B * W rows,
+V vocabulary size, T_max the steps the decoder holds, F finished slots per sentence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from qkv.data.special import BOS_ID, EOS_ID
+from qkv.errors import ConfigError
+from qkv.inference.beam import (
+    Hypothesis,
+    _gather_beams,
+    length_penalty,
+    topk_by_blocks,
+)
+from qkv.inference.graphed import StaticDecoder, record
+from qkv.inference.search import _argmax, _check_lengths
+
+CHECK_EVERY = 4
+"""Steps between two looks at the "all done" flag (each look waits for the device)."""
+
+
+def graphed_greedy_search(
+    decoder: StaticDecoder,
+    batch_size: int,
+    max_lengths: Tensor,
+    bos_id: int = BOS_ID,
+    eos_id: int = EOS_ID,
+) -> list[list[int]]:
+    """`search.greedy_search` with every step on the device.
+
+    Args:
+        decoder: a fresh `StaticDecoder` of R = B rows; with `use_graph`, the steps are
+            recorded and replayed as one CUDA graph.
+        batch_size: B.
+        max_lengths: (B,) long, budget of generated tokens per sentence (EOS included), on the
+            decoder's device.
+        bos_id, eos_id: the tokens that start and end a sentence.
+
+    Returns:
+        B lists of token ids, without BOS and EOS.
+    """
+    _check_lengths(batch_size, max_lengths)
+    _check_rows(decoder, batch_size)
+    longest = _longest(decoder, max_lengths)
+    device = max_lengths.device
+    generated = torch.full((batch_size, max(longest, 1)), eos_id, device=device)  # (B, T)
+    lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,)
+    done = torch.zeros(batch_size, dtype=torch.bool, device=device)  # (B,)
+    position = decoder.cache.position  # (1,) the step being decoded
+
+    def reset() -> None:
+        lengths.zero_()
+        done.copy_(max_lengths <= 0)
+        decoder.tokens.fill_(bos_id)
+        position.zero_()
+
+    def advance() -> None:
+        tokens = _argmax(decoder.compute())  # (B,)
+        steps = position + 1  # (1,) tokens generated, this one included
+        ended = tokens == eos_id  # (B,)
+        generated.index_copy_(1, position, tokens[:, None])  # read only up to `lengths`
+        lengths.copy_(torch.where(done, lengths, steps - ended.long()))  # (B,)
+        done.logical_or_(ended | (max_lengths <= steps))
+        decoder.tokens.copy_(tokens)
+        position.add_(1)
+
+    _run(decoder, reset, advance, done, longest)
+    return [row[:n] for row, n in zip(generated.tolist(), lengths.tolist(), strict=True)]
+
+
+def graphed_beam_search(
+    decoder: StaticDecoder,
+    batch_size: int,
+    beam_size: int,
+    max_lengths: Tensor,
+    alpha: float = 0.6,
+    bos_id: int = BOS_ID,
+    eos_id: int = EOS_ID,
+) -> list[list[Hypothesis]]:
+    """`beam.beam_search` with every step on the device.
+
+    Args:
+        decoder: a fresh `StaticDecoder` of R = B * W rows, row i < B decoding source i (as
+            made); with `use_graph`, the steps are recorded and replayed as one CUDA graph.
+        batch_size: B; beam_size: W.
+        max_lengths: (B,) long, budget of generated tokens per sentence (EOS included), on the
+            decoder's device.
+        alpha: strength of the length penalty; 0 ranks by raw log-probability.
+        bos_id, eos_id: the tokens that start and end a sentence.
+
+    Returns:
+        For each sentence, up to W hypotheses sorted best (highest score) first.
+
+    Raises:
+        ConfigError: if beam_size < 1.
+    """
+    if beam_size < 1:
+        raise ConfigError(f"beam_size must be >= 1, got {beam_size}")
+    _check_lengths(batch_size, max_lengths)
+    _check_rows(decoder, batch_size * beam_size)
+    longest = _longest(decoder, max_lengths)
+    beams = _Beams(decoder, batch_size, beam_size, max_lengths, bos_id, eos_id)
+    _run(decoder, beams.reset, beams.advance, beams.done, longest)
+    return beams.results(alpha)
+
+
+class _Beams:
+    """The state of a fixed-shape beam search, and its step (see the module docstring)."""
+
+    def __init__(
+        self,
+        decoder: StaticDecoder,
+        batch_size: int,
+        beam_size: int,
+        max_lengths: Tensor,
+        bos_id: int,
+        eos_id: int,
+    ) -> None:
+        self.decoder, self.width, self.max_lengths = decoder, beam_size, max_lengths
+        self.bos_id, self.eos_id = bos_id, eos_id
+        device, capacity = max_lengths.device, decoder.cache.capacity
+        slots = 3 * beam_size + 1  # F, then one slot that takes what is not kept
+        self.scores = torch.zeros(batch_size, beam_size, device=device)  # (B, W)
+        self.history = torch.zeros(batch_size, beam_size, capacity, dtype=torch.long, device=device)
+        self.done = torch.zeros(batch_size, dtype=torch.bool, device=device)  # (B,)
+        self.count = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,)
+        self.final_log_probs = torch.zeros(batch_size, slots, device=device)  # (B, F + 1)
+        self.final_steps = torch.zeros(batch_size, slots, dtype=torch.long, device=device)
+        self.final_lengths = torch.zeros(batch_size, slots, dtype=torch.long, device=device)
+        self.final_tokens = torch.zeros(
+            batch_size, slots, capacity, dtype=torch.long, device=device
+        )  # (B, F + 1, T_max)
+        self.first_row = torch.arange(batch_size, device=device)[:, None] * beam_size  # (B, 1)
+        # Each sentence's W rows decode its source from the start, beams 1..W-1 empty (-inf).
+        decoder.select(torch.arange(batch_size, device=device).repeat_interleave(beam_size))
+
+    def reset(self) -> None:
+        """The state before the first step (also after the warm-ups of a recording)."""
+        self.scores.fill_(-torch.inf)
+        self.scores[:, 0] = 0.0
+        self.done.copy_(self.max_lengths <= 0)  # nothing to generate: one empty hypothesis
+        self.count.copy_(self.done.long())
+        for final in (self.final_log_probs, self.final_steps, self.final_lengths):
+            final[:, 0] = 0
+        self.decoder.tokens.fill_(self.bos_id)
+        self.decoder.cache.position.zero_()
+
+    def advance(self) -> None:
+        """One step: extend, finalise, prune (`beam._advance`, done sentences masked)."""
+        width, position = self.width, self.decoder.cache.position  # W, (1,)
+        logits = self.decoder.compute()  # (R, V)
+        batch, vocab_size = self.scores.size(0), logits.size(-1)
+        candidates = logits.log_softmax(dim=-1).view(batch, width, vocab_size)  # (B, W, V)
+        candidates = candidates.add_(self.scores[..., None]).view(batch, width * vocab_size)
+        top_scores, top_index = topk_by_blocks(candidates, 2 * width)  # (B, 2W)
+        top_beams, top_tokens = top_index // vocab_size, top_index % vocab_size  # (B, 2W)
+        is_eos = top_tokens == self.eos_id  # (B, 2W)
+
+        chosen = is_eos.long().argsort(dim=1, stable=True)[:, :width]  # (B, W)
+        next_beams = top_beams.gather(1, chosen)  # (B, W)
+        next_scores = top_scores.gather(1, chosen).masked_fill(is_eos.gather(1, chosen), -torch.inf)
+        next_tokens = top_tokens.gather(1, chosen)  # (B, W)
+        histories = _gather_beams(self.history, next_beams)  # (B, W, T_max)
+        histories.index_copy_(2, position, next_tokens[..., None])
+
+        live = ~self.done  # (B,)
+        steps = position + 1  # (1,) tokens generated, EOS included
+        ending = is_eos[:, :width] & top_scores[:, :width].isfinite() & live[:, None]  # (B, W)
+        at_limit = (self.max_lengths <= steps) & live  # (B,)
+        at_limit_beams = at_limit[:, None] & next_scores.isfinite()  # (B, W)
+        eos_prefixes = _gather_beams(self.history, top_beams[:, :width])  # (B, W, T_max)
+        self._finalise(
+            torch.cat([ending, at_limit_beams], dim=1),  # (B, 2W)
+            torch.cat([top_scores[:, :width], next_scores], dim=1),
+            torch.cat([eos_prefixes, histories], dim=1),  # (B, 2W, T_max)
+            torch.cat([position.expand_as(ending), steps.expand_as(ending)], dim=1),
+            steps,
+        )
+        full = self.count >= width  # (B,)
+        stuck = ~next_scores.isfinite().any(dim=1)  # (B,) no live beam is left
+        self.done.logical_or_(full | at_limit | stuck)
+
+        self.scores.copy_(next_scores)
+        self.history.copy_(histories)
+        self.decoder.reorder((self.first_row + next_beams).view(-1))  # (R,)
+        self.decoder.tokens.copy_(next_tokens.view(-1))
+        position.add_(1)
+
+    def _finalise(
+        self, mask: Tensor, log_probs: Tensor, tokens: Tensor, lengths: Tensor, steps: Tensor
+    ) -> None:
+        """Store the candidates picked by `mask` (B, 2W) in their sentence's next free slots,
+        in order; the others go to the last slot, which is never read."""
+        spare = self.final_log_probs.size(1) - 1
+        slots = self.count[:, None] + mask.long().cumsum(dim=1) - 1  # (B, 2W)
+        slots = torch.where(mask, slots, spare)  # (B, 2W)
+        self.final_log_probs.scatter_(1, slots, log_probs)
+        self.final_lengths.scatter_(1, slots, lengths)
+        self.final_steps.scatter_(1, slots, steps.expand_as(slots))
+        self.final_tokens.scatter_(1, slots[..., None].expand_as(tokens), tokens)
+        self.count.add_(mask.sum(dim=1))
+
+    def results(self, alpha: float) -> list[list[Hypothesis]]:
+        """Each sentence's finished hypotheses, best first, at most W (`beam_search`'s)."""
+        found = []
+        for count, log_probs, steps, lengths, tokens in zip(
+            self.count.tolist(),
+            self.final_log_probs.tolist(),
+            self.final_steps.tolist(),
+            self.final_lengths.tolist(),
+            self.final_tokens.tolist(),
+            strict=True,
+        ):
+            hyps = [
+                Hypothesis(
+                    tokens[k][: lengths[k]],
+                    log_probs[k] / length_penalty(steps[k], alpha),
+                    log_probs[k],
+                )
+                for k in range(count)
+            ]
+            found.append(sorted(hyps, key=lambda h: h.score, reverse=True)[: self.width])
+        return found
+
+
+def _run(
+    decoder: StaticDecoder,
+    reset: Callable[[], None],
+    advance: Callable[[], None],
+    done: Tensor,
+    steps: int,
+) -> None:
+    """Run up to `steps` steps of a search, as replays of one graph when the decoder uses
+    graphs, stopping once `done` (B,) is all true (read every `CHECK_EVERY` steps)."""
+    graph = None
+    if decoder.use_graph and steps > 0:
+        graph, _ = record(advance, decoder.tokens.device)
+    reset()
+    for step in range(1, steps + 1):
+        if graph is None:
+            advance()
+        else:
+            graph.replay()
+        if step % CHECK_EVERY == 0 and bool(done.all()):
+            break
+
+
+def _check_rows(decoder: StaticDecoder, rows: int) -> None:
+    if decoder.rows != rows:
+        raise ValueError(f"the search needs a decoder of {rows} rows, got {decoder.rows}")
+
+
+def _longest(decoder: StaticDecoder, max_lengths: Tensor) -> int:
+    """The most steps the search may take, checked against what the decoder holds."""
+    longest = max(int(max_lengths.max()), 0) if max_lengths.numel() > 0 else 0
+    if longest > decoder.cache.capacity:
+        raise ValueError(
+            f"a budget of {longest} tokens needs a decoder of {longest} steps, "
+            f"got {decoder.cache.capacity}"
+        )
+    return longest
