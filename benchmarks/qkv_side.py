@@ -33,7 +33,7 @@ from qkv.data.batching import (
 )
 from qkv.inference.beam import beam_search
 from qkv.inference.graphed import StaticDecoder, make_decoder
-from qkv.inference.graphed_search import graphed_beam_search, graphed_greedy_search
+from qkv.inference.graphed_search import SearchGraphs
 from qkv.inference.search import greedy_search
 from qkv.model import ModelConfig, Seq2SeqTransformer
 from qkv.training.graphed import GraphedStep
@@ -91,6 +91,8 @@ class QkvSystem:
     def __init__(self, shape: Shape, cuda_graphs: bool = True) -> None:
         self.allocator_tuned = tune_allocator()
         self.cuda_graphs = cuda_graphs
+        self._graphs: SearchGraphs | None = None
+        self._graphs_dtype: torch.dtype | None = None
         config = model_config(shape)
         self.model = Seq2SeqTransformer(config)
         self.meta = {
@@ -157,8 +159,7 @@ class QkvSystem:
         """What `qkv translate` runs: on a GPU, whole steps as graphs (`graphed_search.py`)."""
         budget = torch.full((src.size(0),), n, dtype=torch.long, device=src.device)
         if self.cuda_graphs and src.is_cuda:
-            static = NoEndStaticDecoder(self.model, src, n, src.size(0))
-            found = graphed_greedy_search(static, src.size(0), budget, BOS, EOS)
+            found = self.search_graphs().greedy(src, budget, BOS, EOS)
         else:
             decoder = NoEndDecoder(make_decoder(self.model, src, n, src.size(0), False))
             found = greedy_search(decoder, src.size(0), budget, BOS, EOS)
@@ -167,12 +168,21 @@ class QkvSystem:
     def beam(self, src: Tensor, n: int, k: int) -> Tensor:
         budget = torch.full((src.size(0),), n, dtype=torch.long, device=src.device)
         if self.cuda_graphs and src.is_cuda:
-            static = NoEndStaticDecoder(self.model, src, n, src.size(0) * k)
-            found = graphed_beam_search(static, src.size(0), k, budget, BEAM_ALPHA, BOS, EOS)
+            found = self.search_graphs().beam(src, k, budget, BEAM_ALPHA, BOS, EOS)
         else:
             decoder = NoEndDecoder(make_decoder(self.model, src, n, src.size(0) * k, False))
             found = beam_search(decoder, src.size(0), k, budget, BEAM_ALPHA, BOS, EOS)
         return torch.tensor([hyps[0].tokens for hyps in found], dtype=torch.long)  # (B, n)
+
+    def search_graphs(self) -> SearchGraphs:
+        """The recorded searches, kept across batches like `translate_ids` keeps them across
+        the batches of a call; made again when the weights were cast (graphs read weights
+        where they were when recorded)."""
+        dtype = next(self.model.parameters()).dtype
+        if self._graphs is None or self._graphs_dtype != dtype:
+            self._graphs = SearchGraphs(self.model, decoder_type=NoEndStaticDecoder)
+            self._graphs_dtype = dtype
+        return self._graphs
 
 
 def bucketed_batches(batches: list[dict[str, np.ndarray]], seed: int) -> list[PairBatch]:

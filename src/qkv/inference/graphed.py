@@ -59,6 +59,7 @@ class StaticDecoder:
         graph: bool | None = None,
     ) -> None:
         self.model = model
+        self.source_shape = tuple(src_ids.shape)  # (B, S)
         memory, src_mask, _ = model.encode(src_ids)  # (B, S, D), (B, 1, 1, S)
         self.cache = model.init_static_cache(memory, src_mask, max_steps, rows)
         self.tokens = torch.zeros(rows, dtype=torch.long, device=src_ids.device)  # (R,)
@@ -98,6 +99,18 @@ class StaticDecoder:
     def select(self, rows: Tensor) -> None:
         """Keep and reorder rows: new row i = old row rows[i] (at most R rows)."""
         self.cache.select(rows)
+
+    def load(self, src_ids: Tensor) -> None:
+        """Start over on new sources (B, S), the shape this decoder was made for: they are
+        encoded into the same buffers, so that a graph recorded on the old ones replays on
+        them (see `graphed_search.SearchGraphs`). The position is the search's to reset."""
+        if tuple(src_ids.shape) != self.source_shape:
+            raise ValueError(
+                f"sources of shape {tuple(src_ids.shape)} given to a decoder made for "
+                f"{self.source_shape}"
+            )
+        memory, src_mask, _ = self.model.encode(src_ids)  # (B, S, D), (B, 1, 1, S)
+        self.cache.load_sources(self.model.decoder.cross_keys_values(memory), src_mask)
 
     def reorder(self, rows: Tensor) -> None:
         """`select` of exactly R rows at fixed cost, with no host work: every row of the

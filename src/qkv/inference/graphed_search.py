@@ -24,12 +24,14 @@ V vocabulary size, T_max the steps the decoder holds, F finished slots per sente
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from qkv.data.special import BOS_ID, EOS_ID
+from qkv.data.special import BOS_ID, EOS_ID, PAD_ID
 from qkv.errors import ConfigError
 from qkv.inference.beam import (
     Hypothesis,
@@ -39,6 +41,7 @@ from qkv.inference.beam import (
 )
 from qkv.inference.graphed import StaticDecoder, record
 from qkv.inference.search import _argmax, _check_lengths
+from qkv.model.seq2seq import Seq2SeqTransformer
 
 CHECK_EVERY = 4
 """Steps between two looks at the "all done" flag (each look waits for the device)."""
@@ -65,32 +68,7 @@ def graphed_greedy_search(
         B lists of token ids, without BOS and EOS.
     """
     _check_lengths(batch_size, max_lengths)
-    _check_rows(decoder, batch_size)
-    longest = _longest(decoder, max_lengths)
-    device = max_lengths.device
-    generated = torch.full((batch_size, max(longest, 1)), eos_id, device=device)  # (B, T)
-    lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,)
-    done = torch.zeros(batch_size, dtype=torch.bool, device=device)  # (B,)
-    position = decoder.cache.position  # (1,) the step being decoded
-
-    def reset() -> None:
-        lengths.zero_()
-        done.copy_(max_lengths <= 0)
-        decoder.tokens.fill_(bos_id)
-        position.zero_()
-
-    def advance() -> None:
-        tokens = _argmax(decoder.compute())  # (B,)
-        steps = position + 1  # (1,) tokens generated, this one included
-        ended = tokens == eos_id  # (B,)
-        generated.index_copy_(1, position, tokens[:, None])  # read only up to `lengths`
-        lengths.copy_(torch.where(done, lengths, steps - ended.long()))  # (B,)
-        done.logical_or_(ended | (max_lengths <= steps))
-        decoder.tokens.copy_(tokens)
-        position.add_(1)
-
-    _run(decoder, reset, advance, done, longest)
-    return [row[:n] for row, n in zip(generated.tolist(), lengths.tolist(), strict=True)]
+    return _Greedy(decoder, bos_id, eos_id).run(max_lengths)
 
 
 def graphed_beam_search(
@@ -119,48 +97,241 @@ def graphed_beam_search(
     Raises:
         ConfigError: if beam_size < 1.
     """
-    if beam_size < 1:
-        raise ConfigError(f"beam_size must be >= 1, got {beam_size}")
+    _check_beam_size(beam_size)
     _check_lengths(batch_size, max_lengths)
-    _check_rows(decoder, batch_size * beam_size)
-    longest = _longest(decoder, max_lengths)
-    beams = _Beams(decoder, batch_size, beam_size, max_lengths, bos_id, eos_id)
-    _run(decoder, beams.reset, beams.advance, beams.done, longest)
-    return beams.results(alpha)
+    return _Beams(decoder, beam_size, alpha, bos_id, eos_id).run(max_lengths)
 
 
-class _Beams:
-    """The state of a fixed-shape beam search, and its step (see the module docstring)."""
+class SearchGraphs:
+    """Recorded searches kept for the next batches: one decoder and graph per batch shape.
+
+    Recording a search takes about as long as running it on a batch of a few dozen sentences.
+    So batches are padded to a few shapes (rows to a multiple of `ROWS`, sources and steps to
+    multiples of `LENGTHS`; padding rows decode a copy of the first source with a budget of
+    0), and each shape's decoder and graph are kept: a new batch of a known shape is encoded
+    into the buffers that the graph reads, and the graph replays. The `max_entries` most
+    recently used shapes are kept; the memory of older ones is given back. A graph reads the
+    weights where they were when it was recorded: training them in place is fine, but make a
+    new `SearchGraphs` after casting or moving the model.
+
+    Args:
+        model: the translation model, in eval mode.
+        max_entries: the most shapes kept at once.
+        decoder_type: the fixed-shape decoder to make (a subclass may adjust the logits in
+            `compute`).
+    """
+
+    ROWS = 8
+    LENGTHS = 8
 
     def __init__(
         self,
-        decoder: StaticDecoder,
-        batch_size: int,
+        model: Seq2SeqTransformer,
+        max_entries: int = 4,
+        decoder_type: type[StaticDecoder] = StaticDecoder,
+    ) -> None:
+        self.model, self.max_entries, self.decoder_type = model, max_entries, decoder_type
+        self.entries: OrderedDict[tuple[object, ...], _Greedy | _Beams] = OrderedDict()
+
+    def greedy(
+        self, src_ids: Tensor, max_lengths: Tensor, bos_id: int = BOS_ID, eos_id: int = EOS_ID
+    ) -> list[list[int]]:
+        """`graphed_greedy_search` of sources (B, S) with budgets (B,) on their device."""
+        batch = src_ids.size(0)
+        _check_lengths(batch, max_lengths)
+        if batch == 0:
+            return []
+        src_ids, max_lengths = self._padded(src_ids, max_lengths)
+        key = ("greedy", bos_id, eos_id)
+        search = self._entry(src_ids, max_lengths, key, 1, lambda d: _Greedy(d, bos_id, eos_id))
+        return search.run(max_lengths)[:batch]
+
+    def beam(
+        self,
+        src_ids: Tensor,
         beam_size: int,
         max_lengths: Tensor,
-        bos_id: int,
-        eos_id: int,
-    ) -> None:
-        self.decoder, self.width, self.max_lengths = decoder, beam_size, max_lengths
-        self.bos_id, self.eos_id = bos_id, eos_id
-        device, capacity = max_lengths.device, decoder.cache.capacity
-        slots = 3 * beam_size + 1  # F, then one slot that takes what is not kept
-        self.scores = torch.zeros(batch_size, beam_size, device=device)  # (B, W)
-        self.history = torch.zeros(batch_size, beam_size, capacity, dtype=torch.long, device=device)
-        self.done = torch.zeros(batch_size, dtype=torch.bool, device=device)  # (B,)
-        self.count = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,)
-        self.final_log_probs = torch.zeros(batch_size, slots, device=device)  # (B, F + 1)
-        self.final_steps = torch.zeros(batch_size, slots, dtype=torch.long, device=device)
-        self.final_lengths = torch.zeros(batch_size, slots, dtype=torch.long, device=device)
-        self.final_tokens = torch.zeros(
-            batch_size, slots, capacity, dtype=torch.long, device=device
-        )  # (B, F + 1, T_max)
-        self.first_row = torch.arange(batch_size, device=device)[:, None] * beam_size  # (B, 1)
-        # Each sentence's W rows decode its source from the start, beams 1..W-1 empty (-inf).
-        decoder.select(torch.arange(batch_size, device=device).repeat_interleave(beam_size))
+        alpha: float = 0.6,
+        bos_id: int = BOS_ID,
+        eos_id: int = EOS_ID,
+    ) -> list[list[Hypothesis]]:
+        """`graphed_beam_search` of sources (B, S) with budgets (B,) on their device."""
+        _check_beam_size(beam_size)
+        batch = src_ids.size(0)
+        _check_lengths(batch, max_lengths)
+        if batch == 0:
+            return []
+        src_ids, max_lengths = self._padded(src_ids, max_lengths)
+        key = ("beam", alpha, bos_id, eos_id)
+        search = self._entry(
+            src_ids,
+            max_lengths,
+            key,
+            beam_size,
+            lambda d: _Beams(d, beam_size, alpha, bos_id, eos_id),
+        )
+        return search.run(max_lengths)[:batch]
+
+    def _padded(self, src_ids: Tensor, max_lengths: Tensor) -> tuple[Tensor, Tensor]:
+        """Rows and source positions up to the next multiples: (B', S') and (B',)."""
+        batch, length = src_ids.shape
+        rows = -(-max(batch, 1) // self.ROWS) * self.ROWS
+        width = -(-max(length, 1) // self.LENGTHS) * self.LENGTHS
+        padded = src_ids.new_full((rows, width), PAD_ID)  # (B', S')
+        padded[:batch, :length] = src_ids
+        padded[batch:, :length] = src_ids[:1]  # a real source: nothing decoded from it
+        budgets = max_lengths.new_zeros(rows)  # (B',)
+        budgets[:batch] = max_lengths
+        return padded, budgets
+
+    def _entry(
+        self,
+        src_ids: Tensor,
+        max_lengths: Tensor,
+        kind: tuple[object, ...],
+        beam_size: int,
+        make: Callable[[StaticDecoder], _Greedy | _Beams],
+    ) -> _Greedy | _Beams:
+        """The search of this kind and shape, its decoder loaded with these sources."""
+        longest = max(int(max_lengths.max()), 1)
+        steps = min(-(-longest // self.LENGTHS) * self.LENGTHS, self.model.config.max_len)
+        key = (*kind, beam_size, *src_ids.shape, steps)
+        search = self.entries.pop(key, None)
+        if search is None:
+            while len(self.entries) >= self.max_entries:
+                self.entries.popitem(last=False)  # the least recently used shape
+            rows = src_ids.size(0) * beam_size
+            search = make(self.decoder_type(self.model, src_ids, steps, rows))
+        else:
+            search.decoder.load(src_ids)
+        self.entries[key] = search
+        return search
+
+
+class _Search:
+    """What the fixed-shape searches share: a graph recorded at the first run, reset and
+    replayed at every run."""
+
+    def __init__(self, decoder: StaticDecoder, sentences: int) -> None:
+        self.decoder = decoder
+        self.graph: torch.cuda.CUDAGraph | None = None
+        device = decoder.tokens.device
+        self.max_lengths = torch.zeros(sentences, dtype=torch.long, device=device)  # (B,)
+        self.done = torch.zeros(sentences, dtype=torch.bool, device=device)  # (B,)
+
+    def run(self, max_lengths: Tensor) -> list[Any]:
+        """Search with budgets (B,) on the decoder's sources; results per sentence."""
+        if max_lengths.shape != self.max_lengths.shape:
+            raise ValueError(
+                f"the search's decoder holds {self.max_lengths.numel()} sentences, "
+                f"got {max_lengths.numel()} budgets"
+            )
+        steps = max(int(max_lengths.max()), 0) if max_lengths.numel() > 0 else 0
+        if steps > self.decoder.cache.capacity:
+            raise ValueError(
+                f"a budget of {steps} tokens needs a decoder of {steps} steps, "
+                f"got {self.decoder.cache.capacity}"
+            )
+        self.max_lengths.copy_(max_lengths)
+        self.start()
+        if self.decoder.use_graph and self.graph is None and steps > 0:
+            self.graph, _ = record(self.advance, self.decoder.tokens.device)
+            self.reset()  # the warm-ups ran steps
+        for step in range(1, steps + 1):
+            if self.graph is None:
+                self.advance()
+            else:
+                self.graph.replay()
+            if step % CHECK_EVERY == 0 and bool(self.done.all()):
+                break
+        return self.results()
+
+    def start(self) -> None:
+        """Set up for new sources and budgets (host work allowed), then `reset`."""
+        self.reset()
 
     def reset(self) -> None:
-        """The state before the first step (also after the warm-ups of a recording)."""
+        """The state before the first step."""
+        raise NotImplementedError
+
+    def advance(self) -> None:
+        """One step, on the device only."""
+        raise NotImplementedError
+
+    def results(self) -> list[Any]:
+        raise NotImplementedError
+
+
+class _Greedy(_Search):
+    """A fixed-shape greedy search: `search._decode_paths` with finished rows masked."""
+
+    def __init__(self, decoder: StaticDecoder, bos_id: int, eos_id: int) -> None:
+        if decoder.rows != decoder.source_shape[0]:
+            raise ValueError(
+                f"the search needs a decoder of {decoder.source_shape[0]} rows, got {decoder.rows}"
+            )
+        super().__init__(decoder, decoder.rows)
+        self.bos_id, self.eos_id = bos_id, eos_id
+        rows, steps = decoder.rows, decoder.cache.capacity
+        self.generated = torch.full((rows, steps), eos_id, device=self.done.device)  # (B, T_max)
+        self.lengths = torch.zeros(rows, dtype=torch.long, device=self.done.device)  # (B,)
+
+    def reset(self) -> None:
+        self.lengths.zero_()
+        self.done.copy_(self.max_lengths <= 0)
+        self.decoder.tokens.fill_(self.bos_id)
+        self.decoder.cache.position.zero_()
+
+    def advance(self) -> None:
+        position = self.decoder.cache.position  # (1,) the step being decoded
+        tokens = _argmax(self.decoder.compute())  # (B,)
+        steps = position + 1  # (1,) tokens generated, this one included
+        ended = tokens == self.eos_id  # (B,)
+        self.generated.index_copy_(1, position, tokens[:, None])  # read only up to `lengths`
+        self.lengths.copy_(torch.where(self.done, self.lengths, steps - ended.long()))
+        self.done.logical_or_(ended | (self.max_lengths <= steps))
+        self.decoder.tokens.copy_(tokens)
+        position.add_(1)
+
+    def results(self) -> list[list[int]]:
+        lengths = self.lengths.tolist()
+        return [row[:n] for row, n in zip(self.generated.tolist(), lengths, strict=True)]
+
+
+class _Beams(_Search):
+    """A fixed-shape beam search (see the module docstring); `done` is per sentence."""
+
+    def __init__(
+        self, decoder: StaticDecoder, beam_size: int, alpha: float, bos_id: int, eos_id: int
+    ) -> None:
+        batch = decoder.source_shape[0]
+        if decoder.rows != batch * beam_size:
+            raise ValueError(
+                f"the search needs a decoder of {batch * beam_size} rows, got {decoder.rows}"
+            )
+        super().__init__(decoder, batch)
+        self.width, self.alpha, self.bos_id, self.eos_id = beam_size, alpha, bos_id, eos_id
+        device, capacity = self.done.device, decoder.cache.capacity
+        slots = 3 * beam_size + 1  # F, then one slot that takes what is not kept
+        self.scores = torch.zeros(batch, beam_size, device=device)  # (B, W)
+        self.history = torch.zeros(batch, beam_size, capacity, dtype=torch.long, device=device)
+        self.count = torch.zeros(batch, dtype=torch.long, device=device)  # (B,)
+        self.final_log_probs = torch.zeros(batch, slots, device=device)  # (B, F + 1)
+        self.final_steps = torch.zeros(batch, slots, dtype=torch.long, device=device)
+        self.final_lengths = torch.zeros(batch, slots, dtype=torch.long, device=device)
+        self.final_tokens = torch.zeros(
+            batch, slots, capacity, dtype=torch.long, device=device
+        )  # (B, F + 1, T_max)
+        self.first_row = torch.arange(batch, device=device)[:, None] * beam_size  # (B, 1)
+
+    def start(self) -> None:
+        """Each sentence's W rows decode its source from the start, beams 1..W-1 empty."""
+        batch = self.max_lengths.numel()
+        sources = torch.arange(batch, device=self.done.device).repeat_interleave(self.width)
+        self.decoder.select(sources)  # (R,)
+        self.reset()
+
+    def reset(self) -> None:
         self.scores.fill_(-torch.inf)
         self.scores[:, 0] = 0.0
         self.done.copy_(self.max_lengths <= 0)  # nothing to generate: one empty hypothesis
@@ -225,7 +396,7 @@ class _Beams:
         self.final_tokens.scatter_(1, slots[..., None].expand_as(tokens), tokens)
         self.count.add_(mask.sum(dim=1))
 
-    def results(self, alpha: float) -> list[list[Hypothesis]]:
+    def results(self) -> list[list[Hypothesis]]:
         """Each sentence's finished hypotheses, best first, at most W (`beam_search`'s)."""
         found = []
         for count, log_probs, steps, lengths, tokens in zip(
@@ -239,7 +410,7 @@ class _Beams:
             hyps = [
                 Hypothesis(
                     tokens[k][: lengths[k]],
-                    log_probs[k] / length_penalty(steps[k], alpha),
+                    log_probs[k] / length_penalty(steps[k], self.alpha),
                     log_probs[k],
                 )
                 for k in range(count)
@@ -248,39 +419,6 @@ class _Beams:
         return found
 
 
-def _run(
-    decoder: StaticDecoder,
-    reset: Callable[[], None],
-    advance: Callable[[], None],
-    done: Tensor,
-    steps: int,
-) -> None:
-    """Run up to `steps` steps of a search, as replays of one graph when the decoder uses
-    graphs, stopping once `done` (B,) is all true (read every `CHECK_EVERY` steps)."""
-    graph = None
-    if decoder.use_graph and steps > 0:
-        graph, _ = record(advance, decoder.tokens.device)
-    reset()
-    for step in range(1, steps + 1):
-        if graph is None:
-            advance()
-        else:
-            graph.replay()
-        if step % CHECK_EVERY == 0 and bool(done.all()):
-            break
-
-
-def _check_rows(decoder: StaticDecoder, rows: int) -> None:
-    if decoder.rows != rows:
-        raise ValueError(f"the search needs a decoder of {rows} rows, got {decoder.rows}")
-
-
-def _longest(decoder: StaticDecoder, max_lengths: Tensor) -> int:
-    """The most steps the search may take, checked against what the decoder holds."""
-    longest = max(int(max_lengths.max()), 0) if max_lengths.numel() > 0 else 0
-    if longest > decoder.cache.capacity:
-        raise ValueError(
-            f"a budget of {longest} tokens needs a decoder of {longest} steps, "
-            f"got {decoder.cache.capacity}"
-        )
-    return longest
+def _check_beam_size(beam_size: int) -> None:
+    if beam_size < 1:
+        raise ConfigError(f"beam_size must be >= 1, got {beam_size}")

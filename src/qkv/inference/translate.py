@@ -11,8 +11,8 @@ from qkv.data.batching import token_budget_batches
 from qkv.data.special import PAD_ID
 from qkv.errors import ConfigError
 from qkv.inference.beam import beam_search
-from qkv.inference.graphed import StaticDecoder, make_decoder
-from qkv.inference.graphed_search import graphed_beam_search, graphed_greedy_search
+from qkv.inference.graphed import make_decoder
+from qkv.inference.graphed_search import SearchGraphs
 from qkv.inference.precision import decoding_model
 from qkv.inference.search import check_sampling, greedy_search, sample
 from qkv.inference.workers import check_workers, map_in_workers
@@ -77,6 +77,7 @@ def translate_ids(
         [todo[i] for i in batch]
         for batch in token_budget_batches(lengths, budget, shuffle=False, seed=0, epoch=0)
     ]
+    graphs = SearchGraphs(model) if options.cuda_graphs and device.type == "cuda" else None
     seeds = torch.randint(
         2**62, (len(batches),), generator=torch.Generator().manual_seed(options.seed)
     ).tolist()
@@ -88,7 +89,7 @@ def translate_ids(
         for j, r in enumerate(rows):
             src[j, : len(sources[r])] = torch.tensor(sources[r])
         generator = torch.Generator(device=device).manual_seed(seeds[index])
-        return _decode_batch(model, src.to(device), options, generator)
+        return _decode_batch(model, src.to(device), options, generator, graphs)
 
     found_batches = map_in_workers(decode, len(batches), options.workers)
     with tqdm(total=len(todo), unit="sent", disable=None if progress else True, leave=False) as bar:
@@ -101,24 +102,27 @@ def translate_ids(
 
 @torch.no_grad()
 def _decode_batch(
-    model: Seq2SeqTransformer, src: torch.Tensor, options: DecodeOptions, generator: torch.Generator
+    model: Seq2SeqTransformer,
+    src: torch.Tensor,
+    options: DecodeOptions,
+    generator: torch.Generator,
+    graphs: SearchGraphs | None,
 ) -> list[list[int]]:
-    """Sources (B, S), padded, on the model's device -> B lists of target ids."""
+    """Sources (B, S), padded, on the model's device -> B lists of target ids. With `graphs`
+    (on a GPU), greedy and beam search run as replays of graphs kept across batches."""
     batch = src.size(0)
     src_lengths = (src != PAD_ID).sum(1)  # (B,)
     limit = model.config.max_len - 1
     max_lengths = (src_lengths * options.max_len_a + options.max_len_b).long().clamp(1, limit)
+    if graphs is not None and not options.sampling:  # whole search steps as graph replays
+        if options.beam_size > 1:
+            found = graphs.beam(src, options.beam_size, max_lengths, options.alpha)
+            return [hyps[0].tokens for hyps in found]
+        return graphs.greedy(src, max_lengths)
     beams = 1 if options.sampling else options.beam_size
     decoder = make_decoder(
         model, src, int(max_lengths.max()) + 1, batch * beams, options.cuda_graphs
     )
-    if isinstance(decoder, StaticDecoder) and not options.sampling:  # whole steps as graphs
-        if options.beam_size > 1:
-            found = graphed_beam_search(
-                decoder, batch, options.beam_size, max_lengths, options.alpha
-            )
-            return [hyps[0].tokens for hyps in found]
-        return graphed_greedy_search(decoder, batch, max_lengths)
     if options.sampling:
         top_k, top_p = options.top_k, options.top_p
         return sample(decoder, batch, max_lengths, options.temperature, top_k, top_p, generator)

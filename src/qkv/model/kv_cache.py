@@ -147,6 +147,12 @@ class DecoderCache:
         self.src_mask = self.src_mask[groups]  # (G', 1, 1, S)
 
 
+def first_sources(batch: int, rows: int, device: torch.device) -> Tensor:
+    """(R,) long, the source of each row of a fresh fixed-shape cache: row i < B decodes source
+    i, the rows beyond hold copies of source 0 until `select` fills them."""
+    return torch.cat([torch.arange(batch), torch.zeros(rows - batch, dtype=torch.long)]).to(device)
+
+
 def move_rows(tensors: list[Tensor], rows: Tensor) -> None:
     """In place, in each tensor: row i becomes old row rows[i], for i < N' (rows (N',) long).
 
@@ -244,6 +250,22 @@ class StaticDecoderCache:
             for buffer in (cache.keys, cache.values)
         ]  # (R, H, length, K) each
         move_rows([*filled, *self.cross_keys, *self.cross_values, self.src_mask], rows)
+
+    def load_sources(self, cross: list[tuple[Tensor, Tensor]], src_mask: Tensor) -> None:
+        """Put new sources in place of the old, in the same buffers (a recorded graph still
+        reads them), rows as `Seq2SeqTransformer.init_static_cache` lays them out.
+
+        Args:
+            cross: each layer's cross-attention keys and values (B, H, S, K), the B and S
+                of the old sources.
+            src_mask: (B, 1, 1, S) bool, True = real source token.
+        """
+        fill = first_sources(src_mask.size(0), self.rows, src_mask.device)  # (R,)
+        for keys, values, (k, v) in zip(self.cross_keys, self.cross_values, cross, strict=True):
+            keys.copy_(k[fill])  # (R, H, S, K)
+            values.copy_(v[fill])  # (R, H, S, K)
+        self.src_mask.copy_(src_mask[fill])  # (R, 1, 1, S)
+        self.length = 0
 
     def gather_self_attention(self, rows: Tensor) -> None:
         """Reorder the self-attention rows: new row i = old row rows[i] (rows (R,) long).

@@ -11,7 +11,13 @@ from qkv.model.embedding import TokenEmbedding, make_embeddings
 from qkv.model.encoder import Encoder
 from qkv.model.frozen_linear import FrozenLinear
 from qkv.model.init import xavier_init
-from qkv.model.kv_cache import DecoderCache, KVCache, StaticDecoderCache, StaticKVCache
+from qkv.model.kv_cache import (
+    DecoderCache,
+    KVCache,
+    StaticDecoderCache,
+    StaticKVCache,
+    first_sources,
+)
 from qkv.model.maps import AttentionMaps
 from qkv.model.masks import decoder_self_mask, padding_mask
 
@@ -120,8 +126,7 @@ class Seq2SeqTransformer(nn.Module):
             raise ValueError(f"a static cache needs rows >= batch, got {rows} < {batch}")
         if max_len > c.max_len:
             raise ValueError(f"{max_len} decoding steps exceed the model's max_len ({c.max_len})")
-        fill = torch.cat([torch.arange(batch), torch.zeros(rows - batch, dtype=torch.long)])
-        fill = fill.to(memory.device)  # (R,) the source of each row
+        fill = first_sources(batch, rows, memory.device)  # (R,) the source of each row
         position = torch.zeros(1, dtype=torch.long, device=memory.device)  # (1,)
         cross = self.decoder.cross_keys_values(memory)  # (B, H, S, K) each
         head_dim = c.d_model // c.n_heads
