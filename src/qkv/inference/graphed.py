@@ -122,13 +122,17 @@ class StaticDecoder:
 T = TypeVar("T")
 
 
-def record(compute: Callable[[], T], device: torch.device) -> tuple[torch.cuda.CUDAGraph, T]:
+def record(
+    compute: Callable[[], T], device: torch.device, pool: Any = None
+) -> tuple[torch.cuda.CUDAGraph, T]:
     """Record `compute` as a CUDA graph: (the graph, the tensors its recording returned, which
     every replay overwrites).
 
     It runs twice eagerly on the side stream first (lazy initialisation must happen outside a
     capture), so it must be harmless to run before the replays: a decoding step that the
-    first replay repeats, or a search step whose state the caller then resets.
+    first replay repeats, or a search step whose state the caller then resets. With `pool`
+    (another graph's `pool()`), the graph's temporaries share that graph's memory: safe when
+    the graphs replay one at a time and keep nothing in the pool between replays.
     """
     stream = side_stream(device)
     stream.wait_stream(torch.cuda.current_stream())
@@ -137,7 +141,7 @@ def record(compute: Callable[[], T], device: torch.device) -> tuple[torch.cuda.C
             compute()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph), _uncached_autocast():
+    with torch.cuda.graph(graph, pool=pool, stream=stream), _uncached_autocast():
         result = compute()
     return graph, result
 

@@ -110,7 +110,9 @@ class SearchGraphs:
     multiples of `LENGTHS`; padding rows decode a copy of the first source with a budget of
     0), and each shape's decoder and graph are kept: a new batch of a known shape is encoded
     into the buffers that the graph reads, and the graph replays. The `max_entries` most
-    recently used shapes are kept; the memory of older ones is given back. A graph reads the
+    recently used shapes are kept; the memory of older ones is given back. Their graphs share
+    one pool for their temporaries: they replay one at a time, and every search keeps its
+    state in tensors of its own. A graph reads the
     weights where they were when it was recorded: training them in place is fine, but make a
     new `SearchGraphs` after casting or moving the model.
 
@@ -132,6 +134,7 @@ class SearchGraphs:
     ) -> None:
         self.model, self.max_entries, self.decoder_type = model, max_entries, decoder_type
         self.entries: OrderedDict[tuple[object, ...], _Greedy | _Beams] = OrderedDict()
+        self.pool: Any = None  # the graphs' shared memory pool, from the first one
 
     def greedy(
         self, src_ids: Tensor, max_lengths: Tensor, bos_id: int = BOS_ID, eos_id: int = EOS_ID
@@ -144,7 +147,7 @@ class SearchGraphs:
         src_ids, max_lengths = self._padded(src_ids, max_lengths)
         key = ("greedy", bos_id, eos_id)
         search = self._entry(src_ids, max_lengths, key, 1, lambda d: _Greedy(d, bos_id, eos_id))
-        return search.run(max_lengths)[:batch]
+        return self._run(search, max_lengths)[:batch]
 
     def beam(
         self,
@@ -170,7 +173,7 @@ class SearchGraphs:
             beam_size,
             lambda d: _Beams(d, beam_size, alpha, bos_id, eos_id),
         )
-        return search.run(max_lengths)[:batch]
+        return self._run(search, max_lengths)[:batch]
 
     def _padded(self, src_ids: Tensor, max_lengths: Tensor) -> tuple[Tensor, Tensor]:
         """Rows and source positions up to the next multiples: (B', S') and (B',)."""
@@ -202,10 +205,17 @@ class SearchGraphs:
                 self.entries.popitem(last=False)  # the least recently used shape
             rows = src_ids.size(0) * beam_size
             search = make(self.decoder_type(self.model, src_ids, steps, rows))
+            search.pool = self.pool
         else:
             search.decoder.load(src_ids)
         self.entries[key] = search
         return search
+
+    def _run(self, search: _Greedy | _Beams, max_lengths: Tensor) -> list[Any]:
+        found = search.run(max_lengths)
+        if self.pool is None and search.graph is not None:
+            self.pool = search.graph.pool()
+        return found
 
 
 class _Search:
@@ -215,6 +225,7 @@ class _Search:
     def __init__(self, decoder: StaticDecoder, sentences: int) -> None:
         self.decoder = decoder
         self.graph: torch.cuda.CUDAGraph | None = None
+        self.pool: Any = None  # the memory pool to record in, None for a new one
         device = decoder.tokens.device
         self.max_lengths = torch.zeros(sentences, dtype=torch.long, device=device)  # (B,)
         self.done = torch.zeros(sentences, dtype=torch.bool, device=device)  # (B,)
@@ -235,7 +246,7 @@ class _Search:
         self.max_lengths.copy_(max_lengths)
         self.start()
         if self.decoder.use_graph and self.graph is None and steps > 0:
-            self.graph, _ = record(self.advance, self.decoder.tokens.device)
+            self.graph, _ = record(self.advance, self.decoder.tokens.device, self.pool)
             self.reset()  # the warm-ups ran steps
         for step in range(1, steps + 1):
             if self.graph is None:

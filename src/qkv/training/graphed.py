@@ -137,7 +137,7 @@ class GraphedStep:
     def _capture(self, static: Inputs) -> torch.cuda.CUDAGraph:
         """Record one step over `static` (recording runs nothing)."""
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        with torch.cuda.graph(graph, pool=self.pool, stream=side_stream(self.device)):
             self._body(static)
         if self.pool is None:
             self.pool = graph.pool()
