@@ -61,6 +61,8 @@ PEER_OF = {
     "qkv, sorted batches": "hf, sorted batches",
     "qkv, own batching": "hf, sorted batches",
     "qkv, own batching, bf16": "hf, sorted batches, bf16",
+    "qkv, own batching, no graphs": "hf, sorted batches",
+    "qkv, own batching, bf16, no graphs": "hf, sorted batches, bf16",
 }
 """The Hugging Face way each qkv way is compared with."""
 
@@ -145,8 +147,10 @@ class Batch:
     src: Tensor
 
 
-def make_batches(sources: list[list[int]], size: int, by_length: bool) -> list[Batch]:
-    """Batches of `size` sentences, in file order or sorted by source length."""
+def make_batches(
+    sources: list[list[int]], size: int, by_length: bool, device: torch.device
+) -> list[Batch]:
+    """Batches of `size` sentences on `device`, in file order or sorted by source length."""
     order = list(range(len(sources)))
     if by_length:
         order.sort(key=lambda i: len(sources[i]))
@@ -156,7 +160,7 @@ def make_batches(sources: list[list[int]], size: int, by_length: bool) -> list[B
         src = torch.full((len(rows), max(len(sources[r]) for r in rows)), PAD_ID)
         for j, r in enumerate(rows):
             src[j, : len(sources[r])] = torch.tensor(sources[r])
-        batches.append(Batch(rows, src))
+        batches.append(Batch(rows, src.to(device)))
     return batches
 
 
@@ -173,7 +177,7 @@ def qkv_batches(
     out: list[list[int]] = [[] for _ in range(sum(len(b.rows) for b in batches))]
     for batch in batches:
         n = budget(batch.src, options, model.config.max_len - 1)
-        lengths = torch.full((len(batch.rows),), n, dtype=torch.long)
+        lengths = torch.full((len(batch.rows),), n, dtype=torch.long, device=batch.src.device)
         decoder = ModelDecoder(model, batch.src, n + 1)
         if beam > 1:
             hyps = beam_search(decoder, len(batch.rows), beam, lengths, ALPHA)
@@ -234,6 +238,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--threads", type=positive, default=2)
     parser.add_argument("--sentences", type=int, default=0, help="the first N only (0: all)")
     parser.add_argument("--bf16", action="store_true", help="also decode in bf16, both tools")
+    parser.add_argument(
+        "--device", default="cpu", help="cpu or cuda (on a GPU, qkv's own way also without graphs)"
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--md", type=Path)
     args = parser.parse_args(argv)
@@ -244,8 +251,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     torch.set_num_threads(args.threads)
     try:
-        translator = Translator.load(args.run, device="cpu")
-        marian = marian_from_qkv(translator.model)
+        translator = Translator.load(args.run, device=args.device)
+        marian = marian_from_qkv(translator.model).to(translator.device)
         sources_text, references = read_lines(args.src), read_lines(args.ref)
     except (QkvError, ValueError) as error:
         sys.exit(f"real_decode.py: {error}")
@@ -257,12 +264,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     sources = translator.encode(sources_text)
     options = DecodeOptions()
     limit = model.config.max_len - 1
-    in_order = make_batches(sources, args.batch, by_length=False)
-    by_length = make_batches(sources, args.batch, by_length=True)
+    device = translator.device
+    in_order = make_batches(sources, args.batch, by_length=False, device=device)
+    by_length = make_batches(sources, args.batch, by_length=True, device=device)
 
-    def own_qkv(beam: int, bf16: bool = False) -> list[list[int]]:
-        decode = DecodeOptions(beam_size=beam, alpha=ALPHA, bf16=bf16)
-        return translate_ids(model, sources, decode, torch.device("cpu"))
+    def own_qkv(beam: int, bf16: bool = False, graphs: bool = True) -> list[list[int]]:
+        decode = DecodeOptions(beam_size=beam, alpha=ALPHA, bf16=bf16, cuda_graphs=graphs)
+        return translate_ids(model, sources, decode, device)
 
     ways: dict[str, Callable[[int], list[list[int]]]] = {
         "qkv, same batches": lambda beam: qkv_batches(model, in_order, beam, options),
@@ -272,11 +280,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "qkv, own batching": own_qkv,
     }
     if args.bf16:
-        marian_bf16 = marian_from_qkv(model).to(torch.bfloat16)
+        marian_bf16 = marian_from_qkv(model).to(device, torch.bfloat16)
         ways["qkv, own batching, bf16"] = lambda beam: own_qkv(beam, bf16=True)
         ways["hf, sorted batches, bf16"] = lambda beam: hf_batches(
             marian_bf16, by_length, beam, options, limit
         )
+    if device.type == "cuda":  # qkv's own way as `qkv translate --no-cuda-graphs` runs it
+        ways["qkv, own batching, no graphs"] = lambda beam: own_qkv(beam, graphs=False)
+        if args.bf16:
+            ways["qkv, own batching, bf16, no graphs"] = lambda beam: own_qkv(
+                beam, bf16=True, graphs=False
+            )
     searches = {"greedy": 1, f"beam-{args.beam}": args.beam}
     seconds: dict[tuple[str, str], list[float]] = {}
     outputs: dict[tuple[str, str], list[list[int]]] = {}
@@ -299,6 +313,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "threads": args.threads,
         "repeats": args.repeats,
         "bf16": args.bf16,
+        "device": str(device),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "rows": [],
     }
@@ -333,7 +348,8 @@ def report(results: dict[str, Any]) -> str:
     """A markdown table; each qkv row is set against the Hugging Face way of `PEER_OF`."""
     lines = [
         f"{results['sentences']} sentences, batches of {results['batch']}, "
-        f"{results['threads']} threads, median of {results['repeats']}",
+        f"{results['threads']} threads, median of {results['repeats']}, "
+        f"device {results.get('device', 'cpu')}",
         "",
         "| search | way | sent/s | tok/s | BLEU | chrF | same tokens as hf | qkv / hf |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
