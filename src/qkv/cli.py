@@ -52,8 +52,8 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
     translate.add_argument(
         "--no-cuda-graphs",
         action="store_true",
-        help="on a GPU, launch every kernel of a decoding step from Python (default: replay "
-        "each step as one CUDA graph)",
+        help="on a GPU, launch every kernel of decoding and search from Python (default: "
+        "replay each step of the model and the search as one CUDA graph)",
     )
     _add_speed_options(translate)
     translate.add_argument("--input", metavar="FILE", help="one sentence per line (default stdin)")

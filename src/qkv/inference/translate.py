@@ -33,7 +33,7 @@ class DecodeOptions:
     top_p: float = 1.0
     seed: int = 0
     max_tokens: int = 6000  # source tokens x beam per batch
-    cuda_graphs: bool = True  # on a GPU, replay each decoding step as a CUDA graph
+    cuda_graphs: bool = True  # on a GPU, replay each model and search step as one CUDA graph
     workers: int = 1  # on a CPU, processes decoding batches side by side, one thread each
     bf16: bool = False  # decode a bfloat16 copy of the model (see `precision.py`)
 
