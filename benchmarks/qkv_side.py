@@ -33,8 +33,8 @@ from qkv.data.batching import (
 )
 from qkv.inference.beam import beam_search
 from qkv.inference.graphed import StaticDecoder, make_decoder
-from qkv.inference.graphed_search import SearchGraphs
 from qkv.inference.search import greedy_search
+from qkv.inference.search_graphs import SearchGraphs
 from qkv.model import ModelConfig, Seq2SeqTransformer
 from qkv.training.graphed import GraphedStep
 from qkv.training.losses import bucket_loss, nonpad_logits, smoothed_cross_entropy

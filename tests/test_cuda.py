@@ -22,7 +22,7 @@ from qkv.model.seq2seq import Seq2SeqTransformer
 from qkv.tasks.dates import generate_date_pairs
 from qkv.training.graphed import GraphedStep
 from qkv.training.optimizer import adamw
-from tests.inference.test_graphed_search import EndingOften
+from tests.inference.helpers import EndingOften
 from tests.model.helpers import random_ids, tiny_config
 from tests.tasks.helpers import write_dates
 from tests.training.test_graphed import BATCHES, _task

@@ -3,19 +3,16 @@ host-driven searches find. (Their steps replayed as CUDA graphs: tests/test_cuda
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
 
-from qkv.data.special import EOS_ID
 from qkv.errors import ConfigError
 from qkv.inference.beam import Hypothesis, beam_search
-from qkv.inference.graphed import StaticDecoder
-from qkv.inference.graphed_search import SearchGraphs, graphed_beam_search, graphed_greedy_search
+from qkv.inference.graphed_search import graphed_beam_search, graphed_greedy_search
 from qkv.inference.incremental import ModelDecoder
 from qkv.inference.search import greedy_search
 from qkv.model.seq2seq import Seq2SeqTransformer
+from tests.inference.helpers import decoder, tokens_of
 from tests.model.helpers import random_ids, tiny_config
 
 MAX_LENGTHS = torch.tensor([5, 12, 3, 20, 1, 8, 0, 15])
@@ -36,30 +33,6 @@ def src() -> torch.Tensor:
     ids[1, 4:] = 0
     ids[3, 2:] = 0
     return ids  # (B, S)
-
-
-class EndingOften(StaticDecoder):
-    """A fixed-shape decoder whose logits favour EOS by `eos_bias`, so that hypotheses end at
-    many different steps."""
-
-    eos_bias = 0.0
-
-    def compute(self) -> torch.Tensor:
-        logits = super().compute()  # (R, V)
-        logits[:, EOS_ID] += self.eos_bias
-        return logits
-
-
-def decoder(
-    model: Seq2SeqTransformer, src: torch.Tensor, steps: int, rows: int, eos_bias: float = 0.0
-) -> EndingOften:
-    made = EndingOften(model, src, steps, rows, graph=False)
-    made.eos_bias = eos_bias
-    return made
-
-
-def tokens_of(found: list[list[Hypothesis]]) -> list[list[list[int]]]:
-    return [[h.tokens for h in hyps] for hyps in found]
 
 
 @torch.inference_mode()
@@ -130,39 +103,3 @@ def test_wrong_decoders_and_budgets_are_errors(
         graphed_greedy_search(decoder(model, src, 20, 8), 8, MAX_LENGTHS[:3])
     with pytest.raises(ConfigError, match="beam_size must be >= 1"):
         graphed_beam_search(decoder(model, src, 20, 8), 8, 0, MAX_LENGTHS)
-
-
-class Counted(StaticDecoder):
-    made = 0
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        Counted.made += 1
-        super().__init__(*args, **kwargs)
-
-
-@torch.inference_mode()
-def test_kept_searches_decode_new_batches_as_fresh_ones(model: Seq2SeqTransformer) -> None:
-    """Batches of two padded shapes in turn (8 rows x 16 or 8 positions, 16 steps): each
-    shape's decoder is made once, then loaded with the next batch's sources; padded rows and
-    positions change nothing; the least recently used shape makes room for a new one."""
-    graphs = SearchGraphs(model, max_entries=4, decoder_type=Counted)
-    Counted.made = 0
-    torch.manual_seed(3)
-    for batch, length in [(5, 9), (3, 4), (6, 10), (3, 3), (5, 9)]:
-        src = random_ids(batch, length, vocab=60)
-        src[0, length // 2 :] = 0
-        budgets = torch.randint(0, 14, (batch,))
-        budgets[-1] = 13
-        assert graphs.greedy(src, budgets) == greedy_search(
-            decoder(model, src, 14, batch), batch, budgets
-        )
-        expected = beam_search(decoder(model, src, 14, batch * 3), batch, 3, budgets)
-        assert tokens_of(graphs.beam(src, 3, budgets)) == tokens_of(expected)
-    assert Counted.made == 4  # greedy and beam-3, each at two shapes
-    graphs.greedy(random_ids(9, 4, vocab=60), torch.full((9,), 2))  # 16 rows: a new shape
-    assert Counted.made == 5 and len(graphs.entries) == 4
-    assert ("greedy", 1, 2, 1, 8, 8, 16) not in graphs.entries  # used least recently
-    assert graphs.greedy(random_ids(0, 4, vocab=60), torch.zeros(0, dtype=torch.long)) == []
-    kept = next(iter(graphs.entries.values()))
-    with pytest.raises(ValueError, match="made for"):
-        kept.decoder.load(random_ids(8, 9, vocab=60))

@@ -103,7 +103,7 @@ class StaticDecoder:
     def load(self, src_ids: Tensor) -> None:
         """Start over on new sources (B, S), the shape this decoder was made for: they are
         encoded into the same buffers, so that a graph recorded on the old ones replays on
-        them (see `graphed_search.SearchGraphs`). The position is the search's to reset."""
+        them (see `search_graphs.SearchGraphs`). The position is the search's to reset."""
         if tuple(src_ids.shape) != self.source_shape:
             raise ValueError(
                 f"sources of shape {tuple(src_ids.shape)} given to a decoder made for "

@@ -14,6 +14,9 @@ the decoding step (`StaticDecoder.compute`) as one graph, and the host only repl
   W more if it reaches its length budget);
 - the host reads a single flag, "every sentence is done", every few steps.
 
+`search_graphs.SearchGraphs` keeps the decoders and graphs of a few batch shapes for the next
+batches, which is how `qkv translate` runs these searches on a GPU.
+
 The rules and results are those of `search.greedy_search` and `beam.beam_search` (the same
 tokens; equal scores may be ordered differently): see there. The tests check this on the CPU,
 where the same steps run eagerly. The decoder is used up by a search: make one per batch.
@@ -24,14 +27,12 @@ V vocabulary size, T_max the steps the decoder holds, F finished slots per sente
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from qkv.data.special import BOS_ID, EOS_ID, PAD_ID
+from qkv.data.special import BOS_ID, EOS_ID
 from qkv.errors import ConfigError
 from qkv.inference.beam import (
     Hypothesis,
@@ -41,7 +42,6 @@ from qkv.inference.beam import (
 )
 from qkv.inference.graphed import StaticDecoder, record
 from qkv.inference.search import _argmax, _check_lengths
-from qkv.model.seq2seq import Seq2SeqTransformer
 
 CHECK_EVERY = 4
 """Steps between two looks at the "all done" flag (each look waits for the device)."""
@@ -68,7 +68,7 @@ def graphed_greedy_search(
         B lists of token ids, without BOS and EOS.
     """
     _check_lengths(batch_size, max_lengths)
-    return _Greedy(decoder, bos_id, eos_id).run(max_lengths)
+    return FixedGreedy(decoder, bos_id, eos_id).run(max_lengths)
 
 
 def graphed_beam_search(
@@ -97,128 +97,12 @@ def graphed_beam_search(
     Raises:
         ConfigError: if beam_size < 1.
     """
-    _check_beam_size(beam_size)
+    check_beam_size(beam_size)
     _check_lengths(batch_size, max_lengths)
-    return _Beams(decoder, beam_size, alpha, bos_id, eos_id).run(max_lengths)
+    return FixedBeams(decoder, beam_size, alpha, bos_id, eos_id).run(max_lengths)
 
 
-class SearchGraphs:
-    """Recorded searches kept for the next batches: one decoder and graph per batch shape.
-
-    Recording a search takes about as long as running it on a batch of a few dozen sentences.
-    So batches are padded to a few shapes (rows to a multiple of `ROWS`, sources and steps to
-    multiples of `LENGTHS`; padding rows decode a copy of the first source with a budget of
-    0), and each shape's decoder and graph are kept: a new batch of a known shape is encoded
-    into the buffers that the graph reads, and the graph replays. The `max_entries` most
-    recently used shapes are kept; the memory of older ones is given back. Their graphs share
-    one pool for their temporaries: they replay one at a time, and every search keeps its
-    state in tensors of its own. A graph reads the
-    weights where they were when it was recorded: training them in place is fine, but make a
-    new `SearchGraphs` after casting or moving the model.
-
-    Args:
-        model: the translation model, in eval mode.
-        max_entries: the most shapes kept at once.
-        decoder_type: the fixed-shape decoder to make (a subclass may adjust the logits in
-            `compute`).
-    """
-
-    ROWS = 8
-    LENGTHS = 8
-
-    def __init__(
-        self,
-        model: Seq2SeqTransformer,
-        max_entries: int = 4,
-        decoder_type: type[StaticDecoder] = StaticDecoder,
-    ) -> None:
-        self.model, self.max_entries, self.decoder_type = model, max_entries, decoder_type
-        self.entries: OrderedDict[tuple[object, ...], _Greedy | _Beams] = OrderedDict()
-        self.pool: Any = None  # the graphs' shared memory pool, from the first one
-
-    def greedy(
-        self, src_ids: Tensor, max_lengths: Tensor, bos_id: int = BOS_ID, eos_id: int = EOS_ID
-    ) -> list[list[int]]:
-        """`graphed_greedy_search` of sources (B, S) with budgets (B,) on their device."""
-        batch = src_ids.size(0)
-        _check_lengths(batch, max_lengths)
-        if batch == 0:
-            return []
-        src_ids, max_lengths = self._padded(src_ids, max_lengths)
-        key = ("greedy", bos_id, eos_id)
-        search = self._entry(src_ids, max_lengths, key, 1, lambda d: _Greedy(d, bos_id, eos_id))
-        return self._run(search, max_lengths)[:batch]
-
-    def beam(
-        self,
-        src_ids: Tensor,
-        beam_size: int,
-        max_lengths: Tensor,
-        alpha: float = 0.6,
-        bos_id: int = BOS_ID,
-        eos_id: int = EOS_ID,
-    ) -> list[list[Hypothesis]]:
-        """`graphed_beam_search` of sources (B, S) with budgets (B,) on their device."""
-        _check_beam_size(beam_size)
-        batch = src_ids.size(0)
-        _check_lengths(batch, max_lengths)
-        if batch == 0:
-            return []
-        src_ids, max_lengths = self._padded(src_ids, max_lengths)
-        key = ("beam", alpha, bos_id, eos_id)
-        search = self._entry(
-            src_ids,
-            max_lengths,
-            key,
-            beam_size,
-            lambda d: _Beams(d, beam_size, alpha, bos_id, eos_id),
-        )
-        return self._run(search, max_lengths)[:batch]
-
-    def _padded(self, src_ids: Tensor, max_lengths: Tensor) -> tuple[Tensor, Tensor]:
-        """Rows and source positions up to the next multiples: (B', S') and (B',)."""
-        batch, length = src_ids.shape
-        rows = -(-max(batch, 1) // self.ROWS) * self.ROWS
-        width = -(-max(length, 1) // self.LENGTHS) * self.LENGTHS
-        padded = src_ids.new_full((rows, width), PAD_ID)  # (B', S')
-        padded[:batch, :length] = src_ids
-        padded[batch:, :length] = src_ids[:1]  # a real source: nothing decoded from it
-        budgets = max_lengths.new_zeros(rows)  # (B',)
-        budgets[:batch] = max_lengths
-        return padded, budgets
-
-    def _entry(
-        self,
-        src_ids: Tensor,
-        max_lengths: Tensor,
-        kind: tuple[object, ...],
-        beam_size: int,
-        make: Callable[[StaticDecoder], _Greedy | _Beams],
-    ) -> _Greedy | _Beams:
-        """The search of this kind and shape, its decoder loaded with these sources."""
-        longest = max(int(max_lengths.max()), 1)
-        steps = min(-(-longest // self.LENGTHS) * self.LENGTHS, self.model.config.max_len)
-        key = (*kind, beam_size, *src_ids.shape, steps)
-        search = self.entries.pop(key, None)
-        if search is None:
-            while len(self.entries) >= self.max_entries:
-                self.entries.popitem(last=False)  # the least recently used shape
-            rows = src_ids.size(0) * beam_size
-            search = make(self.decoder_type(self.model, src_ids, steps, rows))
-            search.pool = self.pool
-        else:
-            search.decoder.load(src_ids)
-        self.entries[key] = search
-        return search
-
-    def _run(self, search: _Greedy | _Beams, max_lengths: Tensor) -> list[Any]:
-        found = search.run(max_lengths)
-        if self.pool is None and search.graph is not None:
-            self.pool = search.graph.pool()
-        return found
-
-
-class _Search:
+class FixedShapeSearch:
     """What the fixed-shape searches share: a graph recorded at the first run, reset and
     replayed at every run."""
 
@@ -273,7 +157,7 @@ class _Search:
         raise NotImplementedError
 
 
-class _Greedy(_Search):
+class FixedGreedy(FixedShapeSearch):
     """A fixed-shape greedy search: `search._decode_paths` with finished rows masked."""
 
     def __init__(self, decoder: StaticDecoder, bos_id: int, eos_id: int) -> None:
@@ -309,7 +193,7 @@ class _Greedy(_Search):
         return [row[:n] for row, n in zip(self.generated.tolist(), lengths, strict=True)]
 
 
-class _Beams(_Search):
+class FixedBeams(FixedShapeSearch):
     """A fixed-shape beam search (see the module docstring); `done` is per sentence."""
 
     def __init__(
@@ -430,6 +314,6 @@ class _Beams(_Search):
         return found
 
 
-def _check_beam_size(beam_size: int) -> None:
+def check_beam_size(beam_size: int) -> None:
     if beam_size < 1:
         raise ConfigError(f"beam_size must be >= 1, got {beam_size}")

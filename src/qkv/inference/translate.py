@@ -12,9 +12,9 @@ from qkv.data.special import PAD_ID
 from qkv.errors import ConfigError
 from qkv.inference.beam import beam_search
 from qkv.inference.graphed import make_decoder
-from qkv.inference.graphed_search import SearchGraphs
 from qkv.inference.precision import decoding_model
 from qkv.inference.search import check_sampling, greedy_search, sample
+from qkv.inference.search_graphs import SearchGraphs
 from qkv.inference.workers import check_workers, map_in_workers
 from qkv.model.seq2seq import Seq2SeqTransformer
 
