@@ -54,19 +54,9 @@ def graphed_greedy_search(
     bos_id: int = BOS_ID,
     eos_id: int = EOS_ID,
 ) -> list[list[int]]:
-    """`search.greedy_search` with every step on the device.
-
-    Args:
-        decoder: a fresh `StaticDecoder` of R = B rows; with `use_graph`, the steps are
-            recorded and replayed as one CUDA graph.
-        batch_size: B.
-        max_lengths: (B,) long, budget of generated tokens per sentence (EOS included), on the
-            decoder's device.
-        bos_id, eos_id: the tokens that start and end a sentence.
-
-    Returns:
-        B lists of token ids, without BOS and EOS.
-    """
+    """`search.greedy_search` (same arguments and result) with every step on the device, over
+    a fresh `StaticDecoder` of R = B rows; with its `use_graph`, the steps are recorded and
+    replayed as one CUDA graph."""
     _check_lengths(batch_size, max_lengths)
     return FixedGreedy(decoder, bos_id, eos_id).run(max_lengths)
 
@@ -80,23 +70,9 @@ def graphed_beam_search(
     bos_id: int = BOS_ID,
     eos_id: int = EOS_ID,
 ) -> list[list[Hypothesis]]:
-    """`beam.beam_search` with every step on the device.
-
-    Args:
-        decoder: a fresh `StaticDecoder` of R = B * W rows, row i < B decoding source i (as
-            made); with `use_graph`, the steps are recorded and replayed as one CUDA graph.
-        batch_size: B; beam_size: W.
-        max_lengths: (B,) long, budget of generated tokens per sentence (EOS included), on the
-            decoder's device.
-        alpha: strength of the length penalty; 0 ranks by raw log-probability.
-        bos_id, eos_id: the tokens that start and end a sentence.
-
-    Returns:
-        For each sentence, up to W hypotheses sorted best (highest score) first.
-
-    Raises:
-        ConfigError: if beam_size < 1.
-    """
+    """`beam.beam_search` (same arguments, result and errors) with every step on the device,
+    over a fresh `StaticDecoder` of R = B * W rows, row i < B decoding source i (as made); with
+    its `use_graph`, the steps are recorded and replayed as one CUDA graph."""
     check_beam_size(beam_size)
     _check_lengths(batch_size, max_lengths)
     return FixedBeams(decoder, beam_size, alpha, bos_id, eos_id).run(max_lengths)
