@@ -12,6 +12,7 @@ from qkv.inference.beam import beam_search
 from qkv.inference.graphed import StaticDecoder
 from qkv.inference.search import greedy_search
 from qkv.inference.search_graphs import SearchGraphs
+from qkv.inference.translate import DecodeOptions, _decode_batch
 from qkv.model.seq2seq import Seq2SeqTransformer
 from tests.inference.helpers import decoder, tokens_of
 from tests.model.helpers import random_ids, tiny_config
@@ -57,3 +58,20 @@ def test_kept_searches_decode_new_batches_as_fresh_ones(model: Seq2SeqTransforme
     kept = next(iter(graphs.entries.values()))
     with pytest.raises(ValueError, match="made for"):
         kept.decoder.load(random_ids(8, 9, vocab=60))
+
+
+@torch.inference_mode()
+def test_translate_batches_decode_alike_through_kept_searches(model: Seq2SeqTransformer) -> None:
+    """`translate_ids`'s batch decoding with the kept searches (what a GPU gets), run eagerly
+    here, against its host-driven searches (what the CPU gets)."""
+    graphs = SearchGraphs(model)
+    generator = torch.Generator()
+    for beam_size in (1, 3):
+        options = DecodeOptions(beam_size=beam_size)
+        for seed in (4, 5):
+            torch.manual_seed(seed)
+            src = random_ids(5, 7, vocab=60)
+            src[2, 3:] = 0
+            expected = _decode_batch(model, src, options, generator, None)
+            assert _decode_batch(model, src, options, generator, graphs) == expected
+    assert len(graphs.entries) == 2
