@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 import torch
 
 _STREAMS: dict[torch.device, torch.cuda.Stream] = {}
@@ -19,3 +23,40 @@ def side_stream(device: torch.device) -> torch.cuda.Stream:
     if device not in _STREAMS:
         _STREAMS[device] = torch.cuda.Stream(device)
     return _STREAMS[device]
+
+
+T = TypeVar("T")
+
+
+def record(
+    compute: Callable[[], T], device: torch.device, pool: Any = None, warmups: int = 2
+) -> tuple[torch.cuda.CUDAGraph, T]:
+    """Record `compute` as a CUDA graph: (the graph, the tensors its recording returned, which
+    every replay overwrites).
+
+    It runs `warmups` times eagerly on the side stream first (lazy initialisation must happen
+    outside a capture), so those runs must be harmless or wanted: a decoding step that the
+    first replay repeats, a search step whose state the caller then resets, a training step
+    that is the shape's first real step. With `pool` (another graph's `pool()`), the graph's
+    temporaries share that graph's memory: safe when the graphs replay one at a time and keep
+    nothing in the pool between replays.
+    """
+    stream = side_stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream), _uncached_autocast():
+        for _ in range(warmups):
+            compute()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool, stream=stream), _uncached_autocast():
+        result = compute()
+    return graph, result
+
+
+def _uncached_autocast() -> contextlib.AbstractContextManager[Any]:
+    """The caller's CUDA autocast, if any, without its cache of cast weights: a graph must not
+    keep pointers to casts that the cache frees when the outer autocast ends."""
+    if not torch.is_autocast_enabled("cuda"):
+        return contextlib.nullcontext()
+    dtype = torch.get_autocast_dtype("cuda")
+    return torch.autocast("cuda", dtype=dtype, cache_enabled=False)

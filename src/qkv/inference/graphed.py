@@ -23,14 +23,10 @@ V vocabulary size.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable
-from typing import Any, TypeVar
-
 import torch
 from torch import Tensor
 
-from qkv.graphs import side_stream
+from qkv.graphs import record
 from qkv.inference.incremental import ModelDecoder
 from qkv.inference.search import IncrementalDecoder
 from qkv.model.seq2seq import Seq2SeqTransformer
@@ -119,33 +115,6 @@ class StaticDecoder:
         self.cache.gather_self_attention(rows)
 
 
-T = TypeVar("T")
-
-
-def record(
-    compute: Callable[[], T], device: torch.device, pool: Any = None
-) -> tuple[torch.cuda.CUDAGraph, T]:
-    """Record `compute` as a CUDA graph: (the graph, the tensors its recording returned, which
-    every replay overwrites).
-
-    It runs twice eagerly on the side stream first (lazy initialisation must happen outside a
-    capture), so it must be harmless to run before the replays: a decoding step that the
-    first replay repeats, or a search step whose state the caller then resets. With `pool`
-    (another graph's `pool()`), the graph's temporaries share that graph's memory: safe when
-    the graphs replay one at a time and keep nothing in the pool between replays.
-    """
-    stream = side_stream(device)
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream), _uncached_autocast():
-        for _ in range(2):
-            compute()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool, stream=stream), _uncached_autocast():
-        result = compute()
-    return graph, result
-
-
 def make_decoder(
     model: Seq2SeqTransformer,
     src_ids: Tensor,
@@ -165,12 +134,3 @@ def make_decoder(
     if cuda_graphs and src_ids.device.type == "cuda":
         return StaticDecoder(model, src_ids, max_steps, rows)
     return ModelDecoder(model, src_ids, max_steps)
-
-
-def _uncached_autocast() -> contextlib.AbstractContextManager[Any]:
-    """The caller's CUDA autocast, if any, without its cache of cast weights: a graph must not
-    keep pointers to casts that the cache frees when the outer autocast ends."""
-    if not torch.is_autocast_enabled("cuda"):
-        return contextlib.nullcontext()
-    dtype = torch.get_autocast_dtype("cuda")
-    return torch.autocast("cuda", dtype=dtype, cache_enabled=False)

@@ -34,13 +34,14 @@ from torch import Tensor
 
 from qkv.data.special import BOS_ID, EOS_ID
 from qkv.errors import ConfigError
+from qkv.graphs import record
 from qkv.inference.beam import (
     Hypothesis,
     _gather_beams,
     length_penalty,
     topk_by_blocks,
 )
-from qkv.inference.graphed import StaticDecoder, record
+from qkv.inference.graphed import StaticDecoder
 from qkv.inference.search import _argmax, _check_lengths
 
 CHECK_EVERY = 4

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from qkv.graphs import side_stream
+from qkv.graphs import record
 
 Inputs = dict[str, Tensor]
 LossFn = Callable[[Inputs], tuple[Tensor, Tensor]]  # -> summed loss, number of targets
@@ -97,8 +97,12 @@ class GraphedStep:
             graph.replay()
         elif self.record and len(self.graphs) < self.max_graphs:
             static = {name: tensor.clone() for name, tensor in inputs.items()}
-            self._first_step(static)
-            self.graphs[key] = (self._capture(static), static)
+            # The shape's first step runs eagerly (lazy initialisation, such as the gradients
+            # and the optimiser's state, must happen outside a capture); it is a real step.
+            graph, _ = record(lambda: self._body(static), self.device, self.pool, warmups=1)
+            if self.pool is None:
+                self.pool = graph.pool()
+            self.graphs[key] = (graph, static)
         else:
             self._body(inputs)
         return self.loss_sum, self.norm
@@ -124,24 +128,6 @@ class GraphedStep:
         self.norm.copy_(norm)
         self.found_inf.copy_((~(loss_sum.isfinite() & norm.isfinite())).float())
         self.optimizer.step()
-
-    def _first_step(self, static: Inputs) -> None:
-        """Run a shape's first step eagerly on a side stream (lazy initialisation, such as
-        the gradients and the optimiser's state, must happen outside a capture)."""
-        stream = side_stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            self._body(static)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-
-    def _capture(self, static: Inputs) -> torch.cuda.CUDAGraph:
-        """Record one step over `static` (recording runs nothing)."""
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, stream=side_stream(self.device)):
-            self._body(static)
-        if self.pool is None:
-            self.pool = graph.pool()
-        return graph
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         """Autocast without its cache of cast weights: a graph must hold no cached casts."""
