@@ -112,10 +112,10 @@ def pad_to_bucket(batch: PairBatch, rows: int = 16, length: int = 8) -> PairBatc
     """
     batch_size, src_len = batch.src.shape
     tgt_len = batch.labels.size(1)
-    size = -(-batch_size // rows) * rows
-    src = _pad_tensor(batch.src, size, -(-src_len // length) * length)  # (B', S')
-    tgt_in = _pad_tensor(batch.tgt_in, size, -(-tgt_len // length) * length)  # (B', T')
-    labels = _pad_tensor(batch.labels, size, tgt_in.size(1))  # (B', T')
+    size = round_up(batch_size, rows)
+    src = pad_ids(batch.src, size, round_up(src_len, length))  # (B', S')
+    tgt_in = pad_ids(batch.tgt_in, size, round_up(tgt_len, length))  # (B', T')
+    labels = pad_ids(batch.labels, size, tgt_in.size(1))  # (B', T')
     src[batch_size:, 0] = EOS_ID
     tgt_in[batch_size:, 0] = BOS_ID
     return PairBatch(src=src, tgt_in=tgt_in, labels=labels)
@@ -139,7 +139,7 @@ def target_rows(labels: torch.Tensor, multiple: int = 256) -> tuple[torch.Tensor
     """
     flat = labels.reshape(-1)  # (B * T,)
     real = (flat != PAD_ID).nonzero().squeeze(1)  # (M,)
-    size = max(-(-real.numel() // multiple) * multiple, multiple)
+    size = max(round_up(real.numel(), multiple), multiple)
     rows = torch.zeros(size, dtype=torch.long)  # (K,)
     rows[: real.numel()] = real
     row_labels = torch.full((size,), PAD_ID, dtype=torch.long)  # (K,)
@@ -159,7 +159,12 @@ def bucket_inputs(batch: PairBatch) -> dict[str, torch.Tensor]:
     return {"src": padded.src, "tgt_in": padded.tgt_in, "rows": rows, "labels": labels}
 
 
-def _pad_tensor(ids: torch.Tensor, batch_size: int, length: int) -> torch.Tensor:
+def round_up(n: int, multiple: int) -> int:
+    """The smallest multiple of `multiple` that is at least n."""
+    return -(-n // multiple) * multiple
+
+
+def pad_ids(ids: torch.Tensor, batch_size: int, length: int) -> torch.Tensor:
     """ids (B, L) -> (batch_size, length), PAD after each row and in the rows added."""
     out = ids.new_full((batch_size, length), PAD_ID)
     out[: ids.size(0), : ids.size(1)] = ids

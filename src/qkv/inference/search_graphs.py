@@ -15,7 +15,8 @@ from typing import Any
 
 from torch import Tensor
 
-from qkv.data.special import BOS_ID, EOS_ID, PAD_ID
+from qkv.data.batching import pad_ids, round_up
+from qkv.data.special import BOS_ID, EOS_ID
 from qkv.inference.beam import Hypothesis
 from qkv.inference.graphed import StaticDecoder
 from qkv.inference.graphed_search import FixedBeams, FixedGreedy, check_beam_size
@@ -99,10 +100,8 @@ class SearchGraphs:
     def _padded(self, src_ids: Tensor, max_lengths: Tensor) -> tuple[Tensor, Tensor]:
         """Rows and source positions up to the next multiples: (B', S') and (B',)."""
         batch, length = src_ids.shape
-        rows = -(-max(batch, 1) // self.ROWS) * self.ROWS
-        width = -(-max(length, 1) // self.LENGTHS) * self.LENGTHS
-        padded = src_ids.new_full((rows, width), PAD_ID)  # (B', S')
-        padded[:batch, :length] = src_ids
+        rows = round_up(max(batch, 1), self.ROWS)
+        padded = pad_ids(src_ids, rows, round_up(max(length, 1), self.LENGTHS))  # (B', S')
         padded[batch:, :length] = src_ids[:1]  # a real source: nothing decoded from it
         budgets = max_lengths.new_zeros(rows)  # (B',)
         budgets[:batch] = max_lengths
@@ -118,7 +117,7 @@ class SearchGraphs:
     ) -> FixedGreedy | FixedBeams:
         """The search of this kind and shape, its decoder loaded with these sources."""
         longest = max(int(max_lengths.max()), 1)
-        steps = min(-(-longest // self.LENGTHS) * self.LENGTHS, self.model.config.max_len)
+        steps = min(round_up(longest, self.LENGTHS), self.model.config.max_len)
         key = (*kind, beam_size, *src_ids.shape, steps)
         search = self.entries.pop(key, None)
         if search is None:
