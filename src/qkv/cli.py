@@ -111,7 +111,9 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
     attention.add_argument(
         "sentence", help="source sentence (translation) or text (classification)"
     )
-    attention.add_argument("--out", metavar="FILE.png", required=True)
+    attention.add_argument(
+        "--out", metavar="FILE.png", required=True, help="picture to write (.png, .svg, .pdf, ...)"
+    )
     attention.add_argument(
         "--kinds",
         default="encoder self,decoder self,cross",
@@ -125,7 +127,11 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
 def _add_plot(sub: argparse._SubParsersAction) -> None:
     plot = sub.add_parser("plot", help="draw a run's training and validation curves")
     plot.add_argument("run_dir", metavar="RUN")
-    plot.add_argument("--out", metavar="FILE.png", help="default RUN/curves.png")
+    plot.add_argument(
+        "--out",
+        metavar="FILE.png",
+        help="picture to write (.png, .svg, .pdf, ...; default RUN/curves.png)",
+    )
     plot.set_defaults(run=_lazy("plot"))
 
 
@@ -203,6 +209,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as error:  # a path the user named cannot be made, read or written
+        print(f"qkv: {os_problem(error)}", file=sys.stderr)
+        return 2
+
+
+def os_problem(error: OSError) -> str:
+    """One line for an operating-system error: the path at fault and what is wrong."""
+    reason = error.strerror or str(error)
+    path = error.filename2 if error.filename2 is not None else error.filename
+    return f"{path}: {reason.lower()}" if path is not None else reason
 
 
 def print_json(data: object) -> None:

@@ -54,7 +54,7 @@ def classifier_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         n_classes=2,
         pooling="cls",
     )
-    data = {"labels": ["negative", "positive"], "cls": True}
+    data = {"labels": ["negative", "positive"], "cls": True, "max_len": 6}
     RunConfig("classification", config, TrainConfig(), data).save(run)
     save_weights(TextClassifier(config), run / WEIGHTS_FILE)
     return run
@@ -162,6 +162,40 @@ def test_classifier_attention_has_encoder_maps_and_the_label(
     readable_png(out)
     with pytest.raises(ConfigError, match="no cross attention"):
         draw_attention(classifier_run, "a good film", tmp_path / "cross.png", kinds=[CROSS])
+
+
+def test_classifier_attention_sees_what_classify_sees(classifier_run: Path) -> None:
+    from qkv.inference.classifier import Classifier
+
+    text = "a good<br /><br />film with a bad plot and good acting, the film was good"
+    label, probability = Classifier.load(classifier_run, device="cpu").predict([text])[0]
+    attention = sentence_attention(classifier_run, text)
+    assert attention.title == f"predicted: {label} ({probability:.0%})"
+    assert "<br" not in "".join(attention.query_tokens[ENCODER_SELF])  # cleaned as for training
+    with pytest.raises(ConfigError, match="no tokens"):
+        sentence_attention(classifier_run, "<br /><br />")
+
+
+def test_pictures_take_their_format_from_the_suffix(run_dir: Path, tmp_path: Path) -> None:
+    assert draw_curves(run_dir, tmp_path / "curves.svg").read_text().lstrip().startswith("<?xml")
+    assert (draw_curves(run_dir, tmp_path / "curves.pdf")).read_bytes().startswith(b"%PDF")
+    with pytest.raises(ConfigError, match=r"'\.xyz'"):
+        draw_curves(run_dir, tmp_path / "curves.xyz")
+    assert not list(tmp_path.glob("*.xyz"))
+
+
+def test_cli_picture_to_a_directory_is_one_line(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["plot", str(run_dir), "--out", str(tmp_path)]) == 2
+    assert (
+        capsys.readouterr().err.strip()
+        == f"qkv: {tmp_path}: is a directory; give a file name such as maps.png"
+    )
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(["plot", str(run_dir), "--out", str(blocker / "curves.png")]) == 2
+    assert capsys.readouterr().err.startswith(f"qkv: {blocker / 'curves.png'}: cannot write (")
 
 
 def test_cli_plot(run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -201,3 +201,36 @@ def test_read_texts(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="missing field 'text'") as error:
         read_texts(write(tmp_path / "bad.jsonl", '{"text": "a"}\n{"body": "b"}\n'))
     assert error.value.line == 2
+
+
+def test_labels_outside_the_known_ones_name_the_line_a_record_starts_on(tmp_path: Path) -> None:
+    path = tmp_path / "d.csv"
+    path.write_text('text,label\n"three\nline\nreview",1\n\nfine,0\nmeh,7\n')
+    with pytest.raises(DataError, match=r"d\.csv:7: unknown label '7' \(known labels: 0, 1\)"):
+        read_labelled(path, known_labels=["0", "1"])
+    path.write_text('text,label\n"three\nline\nreview",7\n')
+    with pytest.raises(DataError, match=r"d\.csv:2: unknown label"):
+        read_labelled(path, known_labels=["0", "1"])
+
+
+def test_csv_and_tsv_fields_may_be_long(tmp_path: Path) -> None:
+    text = "word " * 60_000  # 300,000 characters, over Python's csv default of 131,072
+    for name, sep in (("long.csv", ","), ("long.tsv", "\t")):
+        path = tmp_path / name
+        path.write_text(f"text{sep}label\n{text}{sep}1\n")
+        assert read_labelled(path) == ([text], ["1"])
+
+
+def test_a_directory_or_missing_file_says_so_before_its_format(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="is a directory"):
+        read_labelled(tmp_path)
+    with pytest.raises(DataError, match="no such file"):
+        read_labelled(tmp_path / "train.txt")
+
+
+def test_read_texts_takes_the_text_field(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"review": "a"}\n\n{"review": "b"}\n')
+    assert read_texts(path, text_field="review") == ["a", "b"]
+    with pytest.raises(DataError, match=r"t\.jsonl:1: missing field 'text'"):
+        read_texts(path)

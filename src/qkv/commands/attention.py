@@ -99,12 +99,13 @@ def draw_attention(
     layers: Sequence[int] | None = None,
     heads: Sequence[int] | None = None,
 ) -> Path:
-    """Draws the attention maps of one input to a PNG.
+    """Draws the attention maps of one input to a picture (PNG, SVG, PDF, ...).
 
     Args:
         run_dir: a translation or classification run.
         text: the source sentence (translation) or the text (classification).
-        out: the PNG to write; missing parent directories are created.
+        out: the picture to write, its format from its suffix; missing parent directories
+            are created.
         kinds: any of "encoder self", "decoder self", "cross"; None draws all that the model
             has. A classification run draws only the encoder self-attention.
         layers: 0-based layers to draw, for every kind; None draws all.
@@ -186,26 +187,20 @@ def _translation_attention(run_dir: Path, text: str) -> SentenceAttention:
 @torch.no_grad()
 def _classification_attention(run_dir: Path, text: str) -> SentenceAttention:
     from qkv.data.special import CLS_ID
-    from qkv.model.classifier import TextClassifier
-    from qkv.run import WEIGHTS_FILE, RunConfig, load_tokenizer
-    from qkv.training.checkpoint import load_weights
+    from qkv.inference.classifier import Classifier
+    from qkv.tasks.classification import encode_texts
 
-    config = RunConfig.load(run_dir)
-    tokenizer = load_tokenizer(run_dir)
-    model = TextClassifier(config.model).eval()
-    load_weights(model, run_dir / WEIGHTS_FILE)
-    ids = tokenizer.encode(text)
-    if config.data.get("cls"):
-        ids = [CLS_ID, *ids]
-    ids = ids[: config.model.max_len]
+    classifier = Classifier.load(run_dir, device="cpu")
+    ids = encode_texts(classifier.tokenizer, [text], classifier.data)[0]  # what `classify` sees
     if not ids:
         raise ConfigError(f"{text!r} has no tokens to attend to")
-    logits, maps = model.forward_with_maps(torch.tensor([ids]))  # (1, C)
+    if classifier.data.cls:
+        ids = [CLS_ID, *ids]
+    logits, maps = classifier.model.forward_with_maps(torch.tensor([ids]))  # (1, C)
     probabilities = logits[0].softmax(-1)  # (C,)
     predicted = int(probabilities.argmax())
-    labels = list(config.data.get("labels") or [])
-    label = str(labels[predicted]) if predicted < len(labels) else f"class {predicted}"
-    tokens = tokenizer.tokens_from_ids(ids)
+    label = classifier.labels[predicted]
+    tokens = classifier.tokenizer.tokens_from_ids(ids)
     return SentenceAttention(
         maps={ENCODER_SELF: [m[0] for m in maps.encoder_self]},  # (H, S, S) per layer
         query_tokens={ENCODER_SELF: tokens},

@@ -14,12 +14,15 @@ from qkv.errors import ConfigError, DataError
 
 def run(args: argparse.Namespace) -> int:
     from qkv.inference.classifier import Classifier
+    from qkv.tasks.classification import clean_text
 
     classifier = Classifier.load(args.run_dir)
-    texts = read_texts(Path(args.input)) if args.input else input_lines(None)
-    empty = [i + 1 for i, t in enumerate(texts) if not t.strip()]
+    field = classifier.data.text_field
+    texts = read_texts(Path(args.input), text_field=field) if args.input else input_lines(None)
+    empty = [i + 1 for i, t in enumerate(texts) if not clean_text(t)]
     if empty:
-        raise DataError(args.input or "<stdin>", "empty text", empty[0])
+        where = args.input or "<stdin>"
+        raise DataError(where, "empty text (nothing but spaces or line breaks)", empty[0])
     for text, (label, prob) in zip(texts, classifier.predict(texts), strict=True):
         if args.json:
             print(
@@ -41,17 +44,13 @@ def evaluate_classification(args: argparse.Namespace) -> int:
         raise ConfigError("evaluate on a classification run needs --data FILE")
     classifier = Classifier.load(args.run_dir)
     data = classifier.data
-    texts, gold = read_labelled(
-        Path(args.data), text_field=data.text_field, label_field=data.label_field
-    )
     index = {name: i for i, name in enumerate(classifier.labels)}
-    for line, label in enumerate(gold, start=1):
-        if label not in index:
-            raise DataError(
-                args.data,
-                f"unknown label {label!r} (the run knows {', '.join(classifier.labels)})",
-                line,
-            )
+    texts, gold = read_labelled(
+        Path(args.data),
+        text_field=data.text_field,
+        label_field=data.label_field,
+        known_labels=index,
+    )
     predicted = classifier.probabilities(texts).argmax(-1).tolist()
     scores = score_classification([index[g] for g in gold], predicted, classifier.labels)
     if args.json:
@@ -61,7 +60,8 @@ def evaluate_classification(args: argparse.Namespace) -> int:
         f"accuracy {scores.accuracy:.4f}  macro-F1 {scores.macro_f1:.4f}  "
         f"({scores.examples} examples)"
     )
-    width = max(len(x) for x in scores.labels)
+    cells = [*scores.labels, *(str(count) for row in scores.confusion for count in row)]
+    width = max(len(cell) for cell in cells)
     print("confusion (rows: true, columns: predicted)")
     print(" " * width + "  " + "  ".join(f"{x:>{width}}" for x in scores.labels))
     for name, row in zip(scores.labels, scores.confusion, strict=True):

@@ -12,13 +12,15 @@ import gzip
 import io
 import json
 import zlib
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from qkv.errors import DataError
 
 GZIP_MAGIC = b"\x1f\x8b"
 LABELLED_FORMATS = (".jsonl", ".json", ".csv", ".tsv")
+FIELD_SIZE_LIMIT = 2**31 - 1
+"""The longest CSV or TSV field read, in characters (Python's default is 131,072)."""
 
 
 def read_lines(path: str | Path, *, allow_empty: bool = False) -> list[str]:
@@ -92,7 +94,11 @@ def read_parallel(src_path: str | Path, tgt_path: str | Path) -> tuple[list[str]
 
 
 def read_labelled(
-    path: str | Path, *, text_field: str = "text", label_field: str = "label"
+    path: str | Path,
+    *,
+    text_field: str = "text",
+    label_field: str = "label",
+    known_labels: Collection[str] | None = None,
 ) -> tuple[list[str], list[str]]:
     """Reads a text-classification file.
 
@@ -104,36 +110,39 @@ def read_labelled(
         path: the file.
         text_field: the field or column with the text.
         label_field: the field or column with the label.
+        known_labels: the labels allowed (named in this order by the error), or None for any.
 
     Returns:
         (texts, labels), labels as strings: a JSON 1 becomes "1".
 
     Raises:
         DataError: unknown format, a malformed record, a missing field, an empty text or label,
-            or no records at all.
+            a label not in `known_labels`, or no records at all.
     """
     texts: list[str] = []
     labels: list[str] = []
     for line, (text, label) in _read_records(path, (text_field, label_field)):
         texts.append(_check_text(path, text, text_field, line))
         labels.append(_check_label(path, label, label_field, line))
+        if known_labels is not None and labels[-1] not in known_labels:
+            known = ", ".join(known_labels)
+            raise DataError(path, f"unknown label {labels[-1]!r} (known labels: {known})", line)
     return texts, labels
 
 
-def read_texts(path: str | Path) -> list[str]:
+def read_texts(path: str | Path, *, text_field: str = "text") -> list[str]:
     """Reads texts to predict on.
 
-    A ".jsonl"/".json" file gives the "text" field of each object, a ".csv"/".tsv" file its
-    "text" column; any other file gives one text per line.
+    A ".jsonl"/".json" file gives the `text_field` field of each object, a ".csv"/".tsv" file
+    its `text_field` column; any other file gives one text per line.
 
     Raises:
         DataError: the file is bad, a text is missing or empty.
     """
     if _format_suffix(Path(path)) not in LABELLED_FORMATS:
         return read_lines(path)
-    return [
-        _check_text(path, text, "text", line) for line, (text,) in _read_records(path, ("text",))
-    ]
+    records = _read_records(path, (text_field,))
+    return [_check_text(path, text, text_field, line) for line, (text,) in records]
 
 
 def _read_utf8(path: str | Path) -> str:
@@ -195,7 +204,11 @@ def _format_suffix(path: Path) -> str:
 
 
 def _read_records(path: str | Path, fields: Sequence[str]) -> list[tuple[int, list[object]]]:
-    """The values of `fields` in each record, with the record's 1-based line number."""
+    """The values of `fields` in each record, with the 1-based line on which it starts."""
+    if Path(path).is_dir():
+        raise DataError(path, "is a directory, expected a file")
+    if not Path(path).exists():
+        raise DataError(path, "no such file")
     suffix = _format_suffix(Path(path))
     if suffix in (".jsonl", ".json"):
         records = _read_json_lines(path, fields)
@@ -234,12 +247,15 @@ def _read_table(
     path: str | Path, fields: Sequence[str], *, tsv: bool
 ) -> list[tuple[int, list[object]]]:
     text = io.StringIO(_read_utf8(path), newline="")
+    csv.field_size_limit(max(csv.field_size_limit(), FIELD_SIZE_LIMIT))
     reader = csv.reader(text, delimiter="\t", quoting=csv.QUOTE_NONE) if tsv else csv.reader(text)
     records: list[tuple[int, list[object]]] = []
     columns: list[str] | None = None
     positions: list[int] = []
+    start = 1  # the line on which the next record starts
     try:
         for row in reader:
+            line, start = start, reader.line_num + 1
             if not row or (len(row) == 1 and not row[0].strip()):
                 continue
             if columns is None:
@@ -247,13 +263,11 @@ def _read_table(
                 positions = [_column_position(path, columns, field) for field in fields]
                 continue
             if len(row) != len(columns):
-                raise DataError(
-                    path, f"expected {len(columns)} fields, got {len(row)}", line=reader.line_num
-                )
-            records.append((reader.line_num, [row[position] for position in positions]))
+                raise DataError(path, f"expected {len(columns)} fields, got {len(row)}", line=line)
+            records.append((line, [row[position] for position in positions]))
     except csv.Error as error:
         kind = "TSV" if tsv else "CSV"
-        raise DataError(path, f"malformed {kind}: {_short(error)}", line=reader.line_num) from None
+        raise DataError(path, f"malformed {kind}: {_short(error)}", line=start) from None
     return records
 
 

@@ -8,7 +8,7 @@ import torch
 
 from qkv.data.batching import collate_texts, token_budget_batches
 from qkv.data.tokenizer import Tokenizer
-from qkv.errors import CheckpointError
+from qkv.errors import CheckpointError, ConfigError
 from qkv.model.classifier import TextClassifier
 from qkv.run import WEIGHTS_FILE, RunConfig, data_settings, load_tokenizer
 from qkv.tasks.classification import ClassificationData, encode_texts
@@ -48,8 +48,18 @@ class Classifier:
 
     @torch.no_grad()
     def probabilities(self, texts: list[str], max_tokens: int = 16384) -> torch.Tensor:
-        """Class probabilities (len(texts), C), in input order."""
+        """Class probabilities (len(texts), C), in input order.
+
+        Raises:
+            TypeError: if `texts` is a single string rather than a list of texts.
+            ConfigError: if a text has no tokens once cleaned (empty, or only line breaks).
+        """
+        if isinstance(texts, str):
+            raise TypeError("texts must be a list of strings, not one string")
         ids = encode_texts(self.tokenizer, texts, self.data)
+        empty = next((i for i, x in enumerate(ids) if not x), None)
+        if empty is not None:
+            raise ConfigError(f"text {empty + 1} has no tokens once cleaned: {texts[empty]!r}")
         out = torch.zeros(len(texts), len(self.labels))
         lengths = [len(x) + 1 for x in ids]
         for batch in token_budget_batches(lengths, max_tokens, shuffle=False, seed=0, epoch=0):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import re
 from dataclasses import asdict, dataclass, field
@@ -15,7 +16,7 @@ from qkv.data.batching import collate_texts, token_budget_batches, truncate
 from qkv.data.cache import load_id_lists, save_id_lists
 from qkv.data.readers import read_labelled
 from qkv.data.tokenizer import Tokenizer
-from qkv.errors import DataError
+from qkv.errors import ConfigError, DataError
 from qkv.model.classifier import TextClassifier
 from qkv.model.config import ModelConfig
 from qkv.run import TOKENIZER_FILE, RunConfig, data_settings, load_tokenizer
@@ -25,6 +26,7 @@ from qkv.training.trainer import Progress, Trainer
 from qkv.viz.curves import write_curves
 
 _BREAKS = re.compile(r"<br\s*/?>", re.IGNORECASE)
+_INTEGER = re.compile(r"-?[0-9]+")
 
 
 def clean_text(text: str) -> str:
@@ -49,11 +51,19 @@ class ClassificationData:
     cls: bool = False  # prepend a [CLS] token (set from the model's pooling)
     labels: list[str] = field(default_factory=list)  # label names, filled from the data
 
+    def __post_init__(self) -> None:
+        """Raise ConfigError for a validation share out of range."""
+        if not 0 < self.valid_fraction < 1:
+            raise ConfigError(
+                f"valid_fraction is the share of the training file held out for validation, "
+                f"between 0 and 1 (both excluded); got {self.valid_fraction}"
+            )
+
 
 def sorted_labels(values: list[str]) -> list[str]:
     """Label names in a stable order: numerically when they are all integers."""
     unique = set(values)
-    if all(v.lstrip("-").isdigit() for v in unique):
+    if all(_INTEGER.fullmatch(v) for v in unique):
         return sorted(unique, key=int)
     return sorted(unique)
 
@@ -152,24 +162,29 @@ def prepare(
     texts, labels = read_labelled(
         Path(data.train_file), text_field=data.text_field, label_field=data.label_field
     )
-    if data.valid_file:
-        valid_texts, valid_labels = read_labelled(
-            Path(data.valid_file), text_field=data.text_field, label_field=data.label_field
-        )
-    else:
+    if not data.valid_file:
         texts, labels, valid_texts, valid_labels = _split(
             data.train_file, texts, labels, data.valid_fraction, seed
         )
     names = data.labels or sorted_labels(labels)
     if len(names) < 2:
-        raise DataError(data.train_file, f"needs at least 2 labels, found {names}")
-    index = {name: i for i, name in enumerate(names)}
-    unknown = sorted(set(valid_labels) - set(index))
+        held_out = "" if data.valid_file else " once the validation share is held out"
+        raise DataError(data.train_file, f"needs at least 2 labels{held_out}, found {names}")
+    if data.valid_file:
+        valid_texts, valid_labels = read_labelled(
+            Path(data.valid_file),
+            text_field=data.text_field,
+            label_field=data.label_field,
+            known_labels=names,
+        )
+    unknown = sorted(set(valid_labels) - set(names))
     if unknown:
         raise DataError(
-            data.valid_file or data.train_file,
-            f"validation labels not seen in training: {', '.join(unknown[:5])}",
+            data.train_file,
+            f"the held-out validation share has labels the rest lacks: {', '.join(unknown[:5])}; "
+            "give more examples of them or a --valid file",
         )
+    index = {name: i for i, name in enumerate(names)}
     data.labels = names
     if tokenizer is None:
         tokenizer = Tokenizer.train(
@@ -209,6 +224,9 @@ def train_classification(
     else:
         assert data is not None and model_config is not None and train_config is not None
         data.cls = model_config.pooling == "cls"
+        # Saved absolute, so that `--resume` finds them from any working directory.
+        data.train_file = os.path.abspath(data.train_file) if data.train_file else ""
+        data.valid_file = os.path.abspath(data.valid_file) if data.valid_file else ""
     device = pick_device(train_config.device)  # before any work: a missing GPU fails first
     run_dir.mkdir(parents=True, exist_ok=True)
     set_threads(train_config.threads)

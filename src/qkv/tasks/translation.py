@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -173,6 +174,8 @@ def train_translation(
     else:
         assert data is not None and model_config is not None and train_config is not None
         tokenizer = None
+        # Saved absolute, so that `--resume` finds it from any working directory.
+        data.data_dir = os.path.abspath(data.data_dir) if data.data_dir else ""
     device = pick_device(train_config.device)  # before any work: a missing GPU fails first
     run_dir.mkdir(parents=True, exist_ok=True)
     set_threads(train_config.threads)

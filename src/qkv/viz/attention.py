@@ -8,6 +8,7 @@ Shapes: `H` heads, `Tq` query positions (rows), `Tk` key positions (columns).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import uuid
@@ -25,7 +26,7 @@ from matplotlib import font_manager
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from qkv.errors import QkvError
+from qkv.errors import ConfigError, DataError, QkvError
 
 DPI = 110
 MAX_COLUMNS = 4
@@ -152,7 +153,7 @@ def _checked_indices(wanted: Sequence[int] | None, count: int, what: str, kind: 
 def plot_attention(
     panels: Sequence[AttentionPanel], out_path: str | Path, title: str | None = None
 ) -> Path:
-    """Draws attention heatmaps in a grid and writes them to a PNG.
+    """Draws attention heatmaps in a grid and writes them to a picture (PNG, SVG, PDF, ...).
 
     The grid is roughly square with at most four columns; each panel is sized from its token
     counts and label lengths so that every token stays readable. All panels share one colour
@@ -160,7 +161,8 @@ def plot_attention(
 
     Args:
         panels: the heatmaps to draw, in reading order.
-        out_path: where to write the PNG; missing parent directories are created.
+        out_path: where to write the picture, its format from its suffix (see `save_figure`);
+            missing parent directories are created.
         title: an optional caption above the whole grid.
 
     Returns:
@@ -195,7 +197,7 @@ def plot_attention(
         figure.colorbar(image, ax=axes, shrink=0.8, label="attention weight")
         if title:
             figure.suptitle(title)
-        return save_png(figure, out_path)
+        return save_figure(figure, out_path)
 
 
 def _panel_size(along: Sequence[str], across: Sequence[str]) -> float:
@@ -223,8 +225,11 @@ def _multilingual_text() -> Iterator[None]:
         yield
 
 
-def save_png(figure: Figure, out_path: str | Path) -> Path:
-    """Writes a figure to a PNG atomically: readers see the old file or the new, never half.
+def save_figure(figure: Figure, out_path: str | Path) -> Path:
+    """Writes a figure atomically: readers see the old file or the new, never half.
+
+    The format follows the suffix (.png, .svg, .pdf, .jpg, ... as matplotlib knows them); a
+    name without one gets a PNG.
 
     Args:
         figure: a figure attached to an Agg canvas.
@@ -232,17 +237,33 @@ def save_png(figure: Figure, out_path: str | Path) -> Path:
 
     Returns:
         The destination path.
+
+    Raises:
+        ConfigError: if the suffix names a format matplotlib cannot write.
+        DataError: if the destination cannot be written (a directory, no permission, ...).
     """
     out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
+    kinds = figure.canvas.get_supported_filetypes()
+    kind = out_path.suffix.lower().removeprefix(".") or "png"
+    if kind not in kinds:
+        raise ConfigError(
+            f"{out_path}: cannot draw a '.{kind}' picture; use one of "
+            + ", ".join(f".{name}" for name in sorted(kinds))
+        )
+    if out_path.is_dir():
+        raise DataError(out_path, "is a directory; give a file name such as maps.png")
     # A unique sibling in the same directory, so that os.replace is a rename on one file system;
     # opened with open() rather than mkstemp so that the file gets the usual umask permissions.
     temp_path = out_path.with_name(f".{out_path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
+        out_path.parent.mkdir(parents=True, exist_ok=True)
         with open(temp_path, "xb") as temp_file:
-            figure.savefig(temp_file, format="png", dpi=DPI)
+            figure.savefig(temp_file, format=kind, dpi=DPI)
         os.replace(temp_path, out_path)
-    except BaseException:
-        temp_path.unlink(missing_ok=True)
+    except BaseException as error:
+        with contextlib.suppress(OSError):
+            temp_path.unlink(missing_ok=True)
+        if isinstance(error, OSError):
+            raise DataError(out_path, f"cannot write ({error.strerror or error})") from None
         raise
     return out_path

@@ -17,7 +17,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from qkv.errors import DataError
-from qkv.viz.attention import DPI, save_png
+from qkv.viz.attention import DPI, save_figure
 
 # Fields that are bookkeeping, not metrics worth a panel of their own.
 _NOT_METRICS = {
@@ -77,7 +77,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
 
 def plot_curves(metrics_path: str | Path, out_path: str | Path) -> Path:
-    """Plots a run's training curves to a PNG.
+    """Plots a run's training curves to a picture (PNG, SVG, PDF, ...).
 
     Panels: train and valid loss against step; learning rate against step; then one panel per
     metric found in valid records (BLEU, chrF, accuracy, ...), with the train values of the same
@@ -85,7 +85,8 @@ def plot_curves(metrics_path: str | Path, out_path: str | Path) -> Path:
 
     Args:
         metrics_path: the run's `metrics.jsonl`.
-        out_path: where to write the PNG; missing parent directories are created.
+        out_path: where to write the picture, its format from its suffix (see
+            `viz.attention.save_figure`); missing parent directories are created.
 
     Returns:
         The path written.
@@ -123,7 +124,7 @@ def plot_curves(metrics_path: str | Path, out_path: str | Path) -> Path:
             _draw(ax, valid, metric, label=f"valid {name.lower()}", style="o-")
             _decorate(ax, name, name.lower())
     figure.suptitle(Path(metrics_path).parent.name or "training curves")
-    return save_png(figure, out_path)
+    return save_figure(figure, out_path)
 
 
 def _is_number(value: object) -> bool:

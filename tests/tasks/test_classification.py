@@ -1,0 +1,32 @@
+"""The classification task's small pieces: label order, settings, the held-out split."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from qkv.errors import ConfigError, DataError
+from qkv.tasks.classification import ClassificationData, prepare, sorted_labels
+
+
+def test_labels_sort_as_numbers_only_when_they_are_ascii_integers() -> None:
+    assert sorted_labels(["10", "2", "-1"]) == ["-1", "2", "10"]
+    assert sorted_labels(["²", "1"]) == ["1", "²"]  # a digit to str.isdigit, not to int()
+    assert sorted_labels(["pos", "neg"]) == ["neg", "pos"]
+
+
+@pytest.mark.parametrize("fraction", [0.0, -0.2, 1.0, 1.5])
+def test_the_validation_share_is_between_0_and_1(fraction: float) -> None:
+    with pytest.raises(ConfigError, match="valid_fraction"):
+        ClassificationData(train_file="t.jsonl", valid_fraction=fraction)
+
+
+def test_a_label_lost_to_the_held_out_share_is_named_as_such(tmp_path: Path) -> None:
+    path = tmp_path / "two.jsonl"
+    rows = [{"text": "good", "label": 1}, {"text": "bad", "label": 0}]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    data = ClassificationData(train_file=str(path), valid_fraction=0.5, vocab_size=50)
+    with pytest.raises(DataError, match="once the validation share is held out"):
+        prepare(data, tmp_path / "run", None, seed=0)
