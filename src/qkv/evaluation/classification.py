@@ -21,7 +21,12 @@ class ClassificationScores:
 def score_classification(
     gold: list[int], predicted: list[int], labels: list[str]
 ) -> ClassificationScores:
-    """Scores of predicted label indices against gold indices."""
+    """Scores of predicted label indices against gold indices.
+
+    Macro-F1 averages the F1 of the labels that occur among the gold labels or the predictions
+    (as scikit-learn's `f1_score(average="macro")` does): a label absent from both says nothing
+    about this test set.
+    """
     if len(gold) != len(predicted):
         raise ValueError(f"{len(gold)} gold labels but {len(predicted)} predictions")
     n = len(labels)
@@ -34,10 +39,11 @@ def score_classification(
         tp = confusion[i][i]
         fp = sum(confusion[j][i] for j in range(n)) - tp
         fn = sum(confusion[i]) - tp
-        f1s.append(2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 0.0)
+        if tp + fp + fn:  # the label occurs
+            f1s.append(2 * tp / (2 * tp + fp + fn))
     return ClassificationScores(
         accuracy=correct / max(len(gold), 1),
-        macro_f1=sum(f1s) / max(n, 1),
+        macro_f1=sum(f1s) / max(len(f1s), 1),
         confusion=confusion,
         labels=labels,
         examples=len(gold),
