@@ -19,11 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from torch import nn
+
 from qkv import __version__
 from qkv.data.tokenizer import Tokenizer
 from qkv.errors import CheckpointError, ConfigError
 from qkv.model.config import ModelConfig
-from qkv.training.checkpoint import atomic_write_text
+from qkv.training.checkpoint import atomic_write_text, load_weights
 from qkv.training.config import TrainConfig
 
 RUN_FORMAT = 1
@@ -117,6 +119,22 @@ def _fits(value: Any, annotation: Any) -> bool:
     if annotation is type(None):
         return value is None
     return isinstance(value, origin or annotation)
+
+
+def load_run_weights(model: nn.Module, run_dir: Path) -> None:
+    """Load a run's best weights into `model`.
+
+    Raises:
+        CheckpointError: if they do not fit or are damaged, or if there are none yet (then
+            saying how to go on when the run has checkpoints).
+    """
+    path = run_dir / WEIGHTS_FILE
+    if not path.is_file() and any((run_dir / "checkpoints").glob("step-*")):
+        raise CheckpointError(
+            f"{path}: not written yet (training stopped before its first validation); "
+            f"continue it with: qkv train --resume {run_dir}"
+        )
+    load_weights(model, path)
 
 
 def load_tokenizer(run_dir: Path) -> Tokenizer:

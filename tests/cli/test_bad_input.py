@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from qkv.cli import main
 from qkv.training import checkpoint as ckpt
@@ -193,7 +194,12 @@ def test_translate_bad_stdin(
 @pytest.mark.parametrize(
     ("option", "message"),
     [
-        (["--beam", "0"], "beam size must be >= 1"),
+        (["--beam", "0"], "beam size must be between 1 and 256"),
+        (["--beam", "100000"], "beam size must be between 1 and 256"),
+        (["--alpha", "500"], "alpha must be between 0 and 10"),
+        (["--alpha", "nan"], "alpha must be between 0 and 10"),
+        (["--alpha=-1"], "alpha must be between 0 and 10"),
+        (["--sample", "--temperature", "nan"], "temperature must be a number > 0"),
         (["--sample", "--top-p", "0"], "top_p"),
         (["--workers", "0"], "workers must be >= 1"),
     ],
@@ -206,14 +212,23 @@ def test_translate_refuses_options_out_of_range(
     assert err.startswith("qkv: ") and err.count("\n") == 1 and message in err, repr(err)
 
 
-def test_translate_to_unwritable_output(
-    capsys: pytest.CaptureFixture[str], translation_run: Path, tmp_path: Path
+def test_translate_to_unwritable_output_fails_before_decoding(
+    capsys: pytest.CaptureFixture[str],
+    translation_run: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    out = tmp_path / "missing" / "out.en"
-    code, err = qkv(
-        capsys, "translate", translation_run, "--input", TEXT / "src.de", "--output", out
-    )
-    assert_fails(code, err, out)
+    from qkv.inference.translator import Translator
+
+    def no_decoding(*args: object, **kwargs: object) -> None:
+        raise AssertionError("decoded before finding that the output cannot be written")
+
+    monkeypatch.setattr(Translator, "translate", no_decoding)
+    for out in (tmp_path / "missing" / "out.en", tmp_path):
+        code, err = qkv(
+            capsys, "translate", translation_run, "--input", TEXT / "src.de", "--output", out
+        )
+        assert_fails(code, err, out)
 
 
 def test_translate_and_evaluate_work_on_the_good_files(
@@ -319,6 +334,16 @@ def remove(name: str) -> Callable[[Path], None]:
     return apply
 
 
+def not_finite(name: str) -> Callable[[Path], None]:
+    def apply(run: Path) -> None:
+        tensors = load_file(str(run / name))
+        first = next(key for key, tensor in tensors.items() if tensor.is_floating_point())
+        tensors[first].view(-1)[0] = float("inf")
+        save_file(tensors, str(run / name))
+
+    return apply
+
+
 def each_checkpoint(damage: Callable[[Path], None]) -> Callable[[Path], None]:
     def apply(run: Path) -> None:
         for directory in (run / "checkpoints").iterdir():
@@ -371,6 +396,7 @@ RUN_DAMAGE: dict[str, tuple[Callable[[Path], None], str | None, str | None]] = {
     "weights truncated": (truncate("model.safetensors"), "model.safetensors", None),
     "weights header only": (truncate("model.safetensors", 0.001), "model.safetensors", None),
     "weights missing": (remove("model.safetensors"), "model.safetensors", None),
+    "weights not finite": (not_finite("model.safetensors"), "model.safetensors", None),
     "tokenizer garbage": (
         replace("tokenizer.json", b"{garbage"),
         "tokenizer.json",
@@ -424,6 +450,15 @@ def test_damaged_translation_run(
     if at_fault_on_resume is not None:
         code, err = qkv(capsys, "train", "--resume", run)
         assert_fails(code, err, run / at_fault_on_resume)
+
+
+def test_a_run_stopped_before_its_first_weights_says_how_to_go_on(
+    capsys: pytest.CaptureFixture[str], translation_run: Path, tmp_path: Path
+) -> None:
+    run = damaged(translation_run, tmp_path, remove("model.safetensors"))
+    code, err = qkv(capsys, "translate", run, "--input", TEXT / "src.de")
+    assert_fails(code, err, run / "model.safetensors")
+    assert f"continue it with: qkv train --resume {run}" in err
 
 
 def test_resume_falls_back_to_the_last_good_checkpoint(

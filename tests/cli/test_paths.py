@@ -1,14 +1,21 @@
-"""Paths a user names: outputs that cannot be written, runs resumed from elsewhere, runs that
-read their texts from fields of their own naming."""
+"""Files a user names and files a run writes: outputs that cannot be written, runs resumed from
+elsewhere or after their data moved, fields of the user's naming, stdin as a file, permissions."""
 
 from __future__ import annotations
 
+import io
 import json
+import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
 from qkv.cli import main
+from qkv.training.checkpoint import UMASK
+
+TRANSLATION = Path(__file__).resolve().parents[1] / "corpus" / "translation" / "good"
+TINY_TRANSLATION = ["--preset", "tiny", "vocab_size=100", "max_tokens=256", "max_steps=2"]
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -109,3 +116,62 @@ def test_an_output_that_cannot_be_made_is_one_line(
     )
     assert code == 2
     assert err.count("\n") == 1 and err.startswith(f"qkv: {data}"), err
+
+
+@pytest.fixture(scope="module")
+def translation_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run = tmp_path_factory.mktemp("translation") / "run"
+    args = ["train", "translation", "--data", str(TRANSLATION), "--out", str(run)]
+    assert main([*args, *TINY_TRANSLATION, "eval_every=2"]) == 0
+    return run
+
+
+def test_resume_after_the_data_moved_says_how_and_then_works(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shutil.copytree(TRANSLATION, tmp_path / "data")
+    run = tmp_path / "run"
+    code, _, err = qkv(
+        capsys, "train", "translation", "--data", tmp_path / "data", "--out", run,
+        *TINY_TRANSLATION, "eval_every=1", "max_steps=1",
+    )  # fmt: skip
+    assert code == 0, err
+    (tmp_path / "data").rename(tmp_path / "moved")
+    code, _, err = qkv(capsys, "train", "--resume", run, "max_steps=2")
+    assert code == 2 and f"qkv train --resume {run} data_dir=NEW" in err, err
+    moved = f"data_dir={tmp_path / 'moved'}"
+    code, _, err = qkv(capsys, "train", "--resume", run, "max_steps=2", moved)
+    assert code == 0, err
+    assert json.loads((run / "config.json").read_text())["data"]["data_dir"] == str(
+        tmp_path / "moved"
+    )
+    code, _, err = qkv(capsys, "train", "--resume", run, "vocab_size=50")
+    assert code == 2 and "not: vocab_size" in err, err
+
+
+def test_a_run_is_readable_as_the_umask_allows(translation_run: Path) -> None:
+    mode = 0o666 & ~UMASK
+    files = ["model.safetensors", "tokenizer.json", "config.json", "cache/tokens.safetensors"]
+    files += [str(p.relative_to(translation_run)) for p in translation_run.glob("checkpoints/*/*")]
+    assert len(files) > 4
+    for name in files:
+        assert (translation_run / name).stat().st_mode & 0o777 == mode, name
+
+
+def test_stdin_is_read_as_a_file_is(
+    translation_run: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    text = "\ufeffein Hund läuft\nzwei Katzen\n".encode()
+    (tmp_path / "in.de").write_bytes(text)
+    code, from_file, err = qkv(capsys, "translate", translation_run, "--input", tmp_path / "in.de")
+    assert code == 0, err
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text)))
+    code, from_stdin, err = qkv(capsys, "translate", translation_run)
+    assert code == 0, err
+    assert from_stdin == from_file and len(from_file.splitlines()) == 2
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"gut\nein \xff\n")))
+    code, _, err = qkv(capsys, "translate", translation_run)
+    assert err == "qkv: <stdin>:2: invalid UTF-8 (byte 0xff at column 5)\n"

@@ -14,12 +14,16 @@ from qkv.model.seq2seq import Seq2SeqTransformer
 from tests.model.helpers import tiny_config
 
 BAD = {
-    "beam size 0": ({"beam_size": 0}, "beam size must be >= 1, got 0"),
-    "negative beam size": ({"beam_size": -2}, "beam size must be >= 1, got -2"),
+    "beam size 0": ({"beam_size": 0}, "beam size must be between 1 and 256, got 0"),
+    "negative beam size": ({"beam_size": -2}, "beam size must be between 1 and 256, got -2"),
     "negative max_len_a": ({"max_len_a": -1.0}, "max_len_a and max_len_b must be >= 0"),
     "negative max_len_b": ({"max_len_b": -3}, "max_len_a and max_len_b must be >= 0"),
     "no tokens per batch": ({"max_tokens": 0}, "max_tokens must be >= 1, got 0"),
-    "temperature 0": ({"temperature": 0.0}, "temperature must be > 0"),
+    "temperature 0": ({"temperature": 0.0}, "temperature must be a number > 0"),
+    "temperature NaN": ({"temperature": float("nan")}, "temperature must be a number > 0"),
+    "beam too wide": ({"beam_size": 257}, "beam size must be between 1 and 256, got 257"),
+    "alpha too large": ({"alpha": 11.0}, "alpha must be between 0 and 10"),
+    "alpha NaN": ({"alpha": float("nan")}, "alpha must be between 0 and 10"),
     "negative top_k": ({"top_k": -1}, "top_k must be >= 0"),
     "top_p 0": ({"top_p": 0.0}, r"top_p must be in \(0, 1\]"),
     "top_p above 1": ({"top_p": 1.5}, r"top_p must be in \(0, 1\]"),

@@ -20,7 +20,8 @@ def test_labels_sort_as_numbers_only_when_they_are_ascii_integers() -> None:
 @pytest.mark.parametrize("fraction", [0.0, -0.2, 1.0, 1.5])
 def test_the_validation_share_is_between_0_and_1(fraction: float) -> None:
     with pytest.raises(ConfigError, match="valid_fraction"):
-        ClassificationData(train_file="t.jsonl", valid_fraction=fraction)
+        ClassificationData(train_file="t.jsonl", valid_fraction=fraction).check()
+    ClassificationData(train_file="t.jsonl", valid_file="v.jsonl", valid_fraction=fraction).check()
 
 
 def test_a_label_lost_to_the_held_out_share_is_named_as_such(tmp_path: Path) -> None:

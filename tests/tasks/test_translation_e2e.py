@@ -136,7 +136,7 @@ def test_resume_can_extend_training_settings(
     tiny_run: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["train", "--resume", str(tiny_run), "d_model=8"]) == 2
-    assert "only training settings can change" in capsys.readouterr().err
+    assert "only training settings and the data's places can change" in capsys.readouterr().err
     assert main(["train", "--resume", str(tiny_run), "max_steps=45", "eval_every=5"]) == 0
     config = json.loads((tiny_run / "config.json").read_text())
     assert config["train"]["max_steps"] == 45

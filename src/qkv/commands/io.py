@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
-from qkv.data.readers import read_lines, split_lines
+from qkv.data.readers import decode_utf8, read_lines, split_lines
 from qkv.errors import DataError
 from qkv.training.checkpoint import atomic_write_text
 
@@ -19,12 +20,30 @@ def input_lines(path: str | None) -> list[str]:
         data = sys.stdin.buffer.read()
     except OSError as error:
         raise DataError("<stdin>", f"unreadable ({error})") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = data[: error.start].count(b"\n") + 1
-        raise DataError("<stdin>", "invalid UTF-8", line) from None
-    return split_lines(text)
+    return split_lines(decode_utf8(data, "<stdin>").removeprefix("\ufeff"))
+
+
+def check_output(path: str | None) -> None:
+    """Fail before any work if `path` cannot be written.
+
+    Raises:
+        DataError: `path` is a directory, or its directory is missing or cannot be written.
+    """
+    if not path:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise DataError(path, "is a directory; give a file name")
+    if target.exists() and not target.is_file():  # a device or pipe, written in place
+        writable = os.access(target, os.W_OK)
+    else:
+        if not target.parent.is_dir():
+            raise DataError(path, f"cannot write (no directory {target.parent})")
+        writable = os.access(target.parent, os.W_OK) and (
+            not target.exists() or os.access(target, os.W_OK)
+        )
+    if not writable:
+        raise DataError(path, "cannot write (permission denied)")
 
 
 def write_lines(path: str | None, lines: list[str]) -> None:

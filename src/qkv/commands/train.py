@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from qkv import overrides
@@ -27,16 +28,32 @@ def run(args: argparse.Namespace) -> int:
     return train_classification(args, out, values)
 
 
+DATA_PATHS = ("data_dir", "train_file", "valid_file")
+"""Data settings that may change on `--resume`: where the same data now lives."""
+
+
 def _resume(run_dir: Path, values: dict[str, str]) -> int:
-    """Continue a run; training settings (threads, max_minutes, max_epochs, ...) may change."""
+    """Continue a run; training settings (threads, max_minutes, max_epochs, ...) may change,
+    and so may the places of its data files, if they moved."""
     from qkv.run import RunConfig
 
     run = RunConfig.load(run_dir)
+    for key in [key for key in values if key in DATA_PATHS and key in run.data]:
+        run.data[key] = os.path.abspath(values.pop(key))
+        run.save(run_dir)
+    for key in DATA_PATHS:
+        place = run.data.get(key)
+        if place and not Path(place).exists():
+            raise ConfigError(
+                f"{run_dir}: its {key} {place} is gone; if the data moved, give its new place: "
+                f"qkv train --resume {run_dir} {key}=NEW"
+            )
     if values:
         run.train, rest = overrides.apply(run.train, values)
         if rest:
             raise ConfigError(
-                f"only training settings can change when resuming, not: {', '.join(sorted(rest))}"
+                "only training settings and the data's places can change when resuming, "
+                f"not: {', '.join(sorted(rest))}"
             )
         run.save(run_dir)
     task = run.task

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from qkv.commands.io import input_lines, write_lines
+from qkv.commands.io import check_output, input_lines, write_lines
 
 
 def run(args: argparse.Namespace) -> int:
@@ -12,6 +12,7 @@ def run(args: argparse.Namespace) -> int:
     from qkv.training.speed import tune_allocator
 
     tune_allocator()  # decoding allocates the same large blocks every step
+    check_output(args.output)  # before the work, not after
     translator = Translator.load(args.run_dir)
     lines = input_lines(args.input)
     outputs = translator.translate(

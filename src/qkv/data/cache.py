@@ -8,7 +8,9 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+
+from qkv.training.checkpoint import save_tensors
 
 
 def save_id_lists(path: Path, corpora: dict[str, list[list[int]]]) -> None:
@@ -21,7 +23,7 @@ def save_id_lists(path: Path, corpora: dict[str, list[list[int]]]) -> None:
         tensors[f"{name}.lengths"] = torch.from_numpy(lengths)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(tmp))
+    save_tensors(tensors, tmp)
     os.replace(tmp, path)
 
 

@@ -151,9 +151,20 @@ def _read_utf8(path: str | Path) -> str:
     Raises:
         DataError: the file is missing, unreadable, empty, not UTF-8 or a corrupt gzip.
     """
-    data = _read_bytes(Path(path))
+    text = decode_utf8(_read_bytes(Path(path)), path).removeprefix("\ufeff")
+    if not text:
+        raise DataError(path, "file is empty")
+    return text
+
+
+def decode_utf8(data: bytes, path: str | Path) -> str:
+    """`data` as UTF-8 text.
+
+    Raises:
+        DataError: naming `path` and the line, column and byte of the first invalid sequence.
+    """
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as error:
         line = data.count(b"\n", 0, error.start) + 1
         column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
@@ -161,10 +172,6 @@ def _read_utf8(path: str | Path) -> str:
         raise DataError(
             path, f"invalid UTF-8 (byte 0x{byte:02x} at column {column})", line=line
         ) from None
-    text = text.removeprefix("\ufeff")
-    if not text:
-        raise DataError(path, "file is empty")
-    return text
 
 
 def _read_bytes(path: Path) -> bytes:

@@ -8,8 +8,6 @@ word-boundary marker so that `decode(encode(text))` gives back ordinary detokeni
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
 from pathlib import Path
@@ -19,6 +17,7 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
 from qkv.data.special import SPECIAL_TOKENS, UNK
 from qkv.errors import CheckpointError
+from qkv.training.checkpoint import atomic_write_text
 
 TOKENIZER_FILENAME = "tokenizer.json"
 WORD_MARKER = "▁"  # U+2581, replaces the space before each word, as in SentencePiece
@@ -85,18 +84,7 @@ class Tokenizer:
         """
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(
-            dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"
-        )
-        try:
-            with os.fdopen(handle, "w", encoding="utf-8") as file:
-                file.write(self.to_json())
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(temporary, path)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
+        atomic_write_text(path, self.to_json())
 
     @classmethod
     def load(cls, path: str | Path) -> Tokenizer:

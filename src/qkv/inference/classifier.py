@@ -10,9 +10,8 @@ from qkv.data.batching import collate_texts, token_budget_batches
 from qkv.data.tokenizer import Tokenizer
 from qkv.errors import CheckpointError, ConfigError
 from qkv.model.classifier import TextClassifier
-from qkv.run import WEIGHTS_FILE, RunConfig, data_settings, load_tokenizer
+from qkv.run import RunConfig, data_settings, load_run_weights, load_tokenizer
 from qkv.tasks.classification import ClassificationData, encode_texts
-from qkv.training.checkpoint import load_weights
 from qkv.training.speed import pick_device
 
 
@@ -43,7 +42,7 @@ class Classifier:
         data = data_settings(ClassificationData, config.data, run_dir)
         tokenizer = load_tokenizer(run_dir)
         model = TextClassifier(config.model)
-        load_weights(model, run_dir / WEIGHTS_FILE)
+        load_run_weights(model, run_dir)
         return cls(model, tokenizer, data, pick_device(device))
 
     @torch.no_grad()

@@ -14,6 +14,7 @@ decoding steps are run for it, and its output never holds more than `max_length`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Protocol
 
@@ -169,9 +170,9 @@ def rows_to_keep(live: Tensor) -> Tensor:
 
 
 def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
-    """Raise ConfigError unless temperature > 0, top_k >= 0 and 0 < top_p <= 1."""
-    if temperature <= 0:
-        raise ConfigError(f"temperature must be > 0, got {temperature}")
+    """Raise ConfigError unless 0 < temperature < inf, top_k >= 0 and 0 < top_p <= 1."""
+    if not 0 < temperature < math.inf:  # NaN fails too
+        raise ConfigError(f"temperature must be a number > 0, got {temperature}")
     _check_filters(top_k, top_p)
 
 

@@ -18,6 +18,11 @@ from qkv.inference.search_graphs import SearchGraphs
 from qkv.inference.workers import check_workers, map_in_workers
 from qkv.model.seq2seq import Seq2SeqTransformer
 
+MAX_BEAM = 256
+"""The widest beam decoded: its memory grows with the square of the width."""
+MAX_ALPHA = 10.0
+"""The largest length penalty exponent: ((5 + n) / 6)^alpha overflows a float far above it."""
+
 
 @dataclass
 class DecodeOptions:
@@ -39,8 +44,13 @@ class DecodeOptions:
 
     def __post_init__(self) -> None:
         """Raise ConfigError for a setting out of range, before any decoding."""
-        if self.beam_size < 1:
-            raise ConfigError(f"beam size must be >= 1, got {self.beam_size}")
+        if not 1 <= self.beam_size <= MAX_BEAM:
+            raise ConfigError(f"beam size must be between 1 and {MAX_BEAM}, got {self.beam_size}")
+        if not 0 <= self.alpha <= MAX_ALPHA:  # NaN fails too
+            raise ConfigError(
+                f"the length penalty exponent alpha must be between 0 and {MAX_ALPHA}, "
+                f"got {self.alpha}"
+            )
         if self.max_len_a < 0 or self.max_len_b < 0:
             raise ConfigError(
                 f"max_len_a and max_len_b must be >= 0, got {self.max_len_a}, {self.max_len_b}"

@@ -11,8 +11,7 @@ from qkv.data.tokenizer import Tokenizer
 from qkv.errors import CheckpointError
 from qkv.inference.translate import DecodeOptions, translate_ids
 from qkv.model.seq2seq import Seq2SeqTransformer
-from qkv.run import WEIGHTS_FILE, RunConfig, load_tokenizer
-from qkv.training.checkpoint import load_weights
+from qkv.run import RunConfig, load_run_weights, load_tokenizer
 from qkv.training.speed import pick_device
 
 
@@ -36,7 +35,7 @@ class Translator:
                 f"{config.model.vocab_size}"
             )
         model = Seq2SeqTransformer(config.model)
-        load_weights(model, run_dir / WEIGHTS_FILE)
+        load_run_weights(model, run_dir)
         return cls(model, tokenizer, pick_device(device))
 
     def encode(self, sentences: list[str]) -> list[list[int]]:

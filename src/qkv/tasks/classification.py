@@ -51,9 +51,10 @@ class ClassificationData:
     cls: bool = False  # prepend a [CLS] token (set from the model's pooling)
     labels: list[str] = field(default_factory=list)  # label names, filled from the data
 
-    def __post_init__(self) -> None:
-        """Raise ConfigError for a validation share out of range."""
-        if not 0 < self.valid_fraction < 1:
+    def check(self) -> None:
+        """Raise ConfigError for a validation share out of range (checked for new runs only:
+        a run saved with one still loads)."""
+        if not self.valid_file and not 0 < self.valid_fraction < 1:
             raise ConfigError(
                 f"valid_fraction is the share of the training file held out for validation, "
                 f"between 0 and 1 (both excluded); got {self.valid_fraction}"
@@ -223,6 +224,7 @@ def train_classification(
         tokenizer = load_tokenizer(run_dir)
     else:
         assert data is not None and model_config is not None and train_config is not None
+        data.check()
         data.cls = model_config.pooling == "cls"
         # Saved absolute, so that `--resume` finds them from any working directory.
         data.train_file = os.path.abspath(data.train_file) if data.train_file else ""

@@ -21,6 +21,7 @@ from qkv.data.cache import load_id_lists, save_id_lists
 from qkv.data.readers import find_split, read_parallel
 from qkv.data.special import PAD_ID
 from qkv.data.tokenizer import Tokenizer
+from qkv.errors import ConfigError, DataError
 from qkv.evaluation.bleu import score_translations
 from qkv.inference.translate import DecodeOptions, translate_ids
 from qkv.model.config import ModelConfig
@@ -45,6 +46,13 @@ class TranslationData:
     lowercase: bool = False  # lowercase before BPE (output is then lowercase too)
     max_len: int = 128  # training pairs longer than this (tokens) are skipped
     valid_sentences: int = 0  # cap on validation sentences decoded for BLEU; 0 = all
+
+    def __post_init__(self) -> None:
+        """Raise ConfigError for a setting out of range."""
+        if self.valid_sentences < 0:
+            raise ConfigError(f"valid_sentences must be >= 0 (0 = all), got {self.valid_sentences}")
+        if self.max_len < 1:
+            raise ConfigError(f"max_len must be >= 1, got {self.max_len}")
 
 
 class TranslationTask:
@@ -147,6 +155,12 @@ def prepare(
             for i, (s, t) in enumerate(zip(corpora["train.src"], corpora["train.tgt"], strict=True))
             if 0 < len(s) < data.max_len and len(t) < data.max_len
         ]
+        if not keep:
+            raise DataError(
+                find_split(directory, "train", data.src),
+                f"no training pair is left: all {len(train_src)} are longer than max_len "
+                f"({data.max_len} tokens)",
+            )
         if len(keep) < len(train_src):
             print(
                 f"skipping {len(train_src) - len(keep)} training pairs longer than "

@@ -52,6 +52,25 @@ def fsync_file(path: Path) -> None:
         os.fsync(handle.fileno())
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+UMASK = _umask()
+"""The process's umask, read once: files are created as `open` would create them."""
+
+
+def save_tensors(
+    tensors: dict[str, Tensor], path: Path, metadata: dict[str, str] | None = None
+) -> None:
+    """`safetensors.torch.save_file`, with the permissions `open` gives (it makes the file
+    readable by its owner only), so that a run can be shared like any other file."""
+    save_file(tensors, str(path), metadata=metadata)
+    os.chmod(path, 0o666 & ~UMASK)
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write `text` to `path` through a temporary file, fsync, then rename. On failure the
     temporary file is removed and `path` is as it was."""
@@ -85,14 +104,15 @@ def model_tensors(model: nn.Module) -> dict[str, Tensor]:
 def save_weights(model: nn.Module, path: Path, metadata: dict[str, str] | None = None) -> None:
     """Atomically write the model's weights as safetensors."""
     tmp = path.with_name(path.name + ".tmp")
-    save_file(model_tensors(model), str(tmp), metadata=metadata)
+    save_tensors(model_tensors(model), tmp, metadata)
     fsync_file(tmp)
     os.replace(tmp, path)
     fsync_dir(path.parent)
 
 
 def load_weights(model: nn.Module, path: Path) -> None:
-    """Load safetensors weights into `model`, with a clear error when they do not fit."""
+    """Load safetensors weights into `model`, with a clear error when they do not fit or are
+    not finite."""
     tensors = read_safetensors(path)
     expected = model_tensors(model)
     missing = sorted(set(expected) - set(tensors))
@@ -108,6 +128,16 @@ def load_weights(model: nn.Module, path: Path) -> None:
                 f"{path}: {name} has shape {tuple(tensor.shape)}, the config expects "
                 f"{tuple(expected[name].shape)}"
             )
+    damaged = [
+        name
+        for name, tensor in tensors.items()
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())
+    ]
+    if damaged:
+        raise CheckpointError(
+            f"{path}: {damaged[0]} holds values that are not finite (inf or NaN): the file is "
+            "damaged, or was saved from a run that diverged"
+        )
     model.load_state_dict(tensors, strict=False)
 
 
@@ -171,10 +201,9 @@ def save_checkpoint(
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     opt_tensors, opt_plain = optimizer_tensors(optimizer)
-    save_file(model_tensors(model), str(tmp / "model.safetensors"))
-    save_file(
-        {**opt_tensors, **{f"rng.{k}": v for k, v in rng.items()}},
-        str(tmp / "optimizer.safetensors"),
+    save_tensors(model_tensors(model), tmp / "model.safetensors")
+    save_tensors(
+        {**opt_tensors, **{f"rng.{k}": v for k, v in rng.items()}}, tmp / "optimizer.safetensors"
     )
     files = {name: sha256(tmp / name) for name in CHECKED_FILES}
     for name in files:
