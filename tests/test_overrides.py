@@ -41,3 +41,17 @@ def test_bad_values_are_explained(pair: str, message: str) -> None:
 def test_malformed_pairs() -> None:
     with pytest.raises(ConfigError, match="expected key=value"):
         overrides.parse_pairs(["lr"])
+
+
+@pytest.mark.parametrize(
+    "pair,message",
+    [
+        ("max_minutes=-1", "max_minutes must be 0"),
+        ("threads=-1", "threads must be 0"),
+        ("max_steps=-5", "max_steps must be 0"),
+        ("log_every=0", "log_every must be at least 1"),
+    ],
+)
+def test_bad_training_values_are_explained(pair: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        overrides.apply(TrainConfig(), overrides.parse_pairs([pair]))

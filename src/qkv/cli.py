@@ -186,12 +186,17 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
 ]
 
 
+INPUT_COMMANDS = ("translate", "classify")
+"""Commands that read their texts from --input FILE or stdin."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     pairs = [item for item in extra if "=" in item and not item.startswith("-")]
     if len(pairs) < len(extra) or (pairs and not getattr(args, "accepts_overrides", False)):
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        hint = " (give an input file with --input FILE)" if args.command in INPUT_COMMANDS else ""
+        parser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     args.overrides = pairs
     if not getattr(args, "run", None):
         parser.print_help()

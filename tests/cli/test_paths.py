@@ -175,3 +175,20 @@ def test_stdin_is_read_as_a_file_is(
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"gut\nein \xff\n")))
     code, _, err = qkv(capsys, "translate", translation_run)
     assert err == "qkv: <stdin>:2: invalid UTF-8 (byte 0xff at column 5)\n"
+
+
+def test_a_run_that_fails_before_it_begins_leaves_no_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    one_label = tmp_path / "one.jsonl"
+    one_label.write_text('{"text": "good", "label": 1}\n' * 30)
+    code, _, err = qkv(
+        capsys, "train", "classification", "--train", one_label, "--out", tmp_path / "new", *TINY
+    )
+    assert code == 2 and "needs at least 2 labels" in err, err
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "mine").mkdir()
+    code, _, err = qkv(
+        capsys, "train", "classification", "--train", one_label, "--out", tmp_path / "mine", *TINY
+    )
+    assert code == 2 and (tmp_path / "mine").is_dir()  # the user's own directory stays

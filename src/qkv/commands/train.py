@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 from pathlib import Path
 
 from qkv import overrides
@@ -21,11 +22,17 @@ def run(args: argparse.Namespace) -> int:
     if (out / "config.json").exists():
         raise ConfigError(f"{out} already holds a run; continue it with --resume {out}")
     values = overrides.parse_pairs(args.overrides)
-    if args.task == "translation":
-        return _translation(args, out, values)
-    from qkv.commands.train_classification import train as train_classification
+    created = not out.exists()
+    try:
+        if args.task == "translation":
+            return _translation(args, out, values)
+        from qkv.commands.train_classification import train as train_classification
 
-    return train_classification(args, out, values)
+        return train_classification(args, out, values)
+    except BaseException:
+        if created and not (out / "config.json").exists():  # failed before the run began
+            shutil.rmtree(out, ignore_errors=True)
+        raise
 
 
 DATA_PATHS = ("data_dir", "train_file", "valid_file")
@@ -56,16 +63,20 @@ def _resume(run_dir: Path, values: dict[str, str]) -> int:
                 f"not: {', '.join(sorted(rest))}"
             )
         run.save(run_dir)
-    task = run.task
-    if task == "translation":
+    if run.task == "translation":
         from qkv.tasks.translation import train_translation
 
-        train_translation(None, None, None, run_dir, resume=True)
+        progress = train_translation(None, None, None, run_dir, resume=True)
+        best = f"bleu {progress.best:.2f}"
+        use = f"translate with: qkv translate {run_dir} --input FILE"
     else:
         from qkv.tasks.classification import train_classification
 
-        train_classification(None, None, None, run_dir, resume=True)
-    print(f"done: {run_dir}")
+        progress = train_classification(None, None, None, run_dir, resume=True)
+        best = f"accuracy {progress.best:.4f}"
+        use = f"classify with: qkv classify {run_dir} --input FILE"
+    print(f"done: {run_dir} (best {best} at step {progress.best_step})")
+    print(use)
     return 0
 
 

@@ -51,6 +51,13 @@ class TrainConfig:
             (self.average_last >= 0, "average_last must be 0 or more"),
             (self.device in ("auto", "cpu", "cuda"), f"unknown device {self.device!r}"),
             (self.max_bad_steps >= 1, "max_bad_steps must be at least 1"),
+            (self.max_steps >= 0, "max_steps must be 0 (no limit) or more"),
+            (self.max_minutes >= 0, "max_minutes must be 0 (no limit) or more"),
+            (self.patience >= 0, "patience must be 0 (never stop early) or more"),
+            (self.clip_norm >= 0, "clip_norm must be 0 (off) or more"),
+            (self.weight_decay >= 0, "weight_decay must be 0 or more"),
+            (self.threads >= 0, "threads must be 0 (torch's default) or more"),
+            (self.log_every >= 1, "log_every must be at least 1"),
         ]
         for ok, message in checks:
             if not ok:
