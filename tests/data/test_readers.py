@@ -234,3 +234,16 @@ def test_read_texts_takes_the_text_field(tmp_path: Path) -> None:
     assert read_texts(path, text_field="review") == ["a", "b"]
     with pytest.raises(DataError, match=r"t\.jsonl:1: missing field 'text'"):
         read_texts(path)
+
+
+def test_table_problems_are_described_briefly(tmp_path: Path) -> None:
+    path = tmp_path / "q.csv"
+    path.write_text('text,label\n"fine",1\n"never closed,0\nmore,1\n')
+    unclosed = r"q\.csv:3: expected 2 fields, got 1 \(an unclosed quote\?\)"
+    with pytest.raises(DataError, match=unclosed):
+        read_labelled(path)
+    path = tmp_path / "j.csv"
+    path.write_text('{"text": "' + "long review " * 50 + '", "label": 1}\n')
+    with pytest.raises(DataError, match="missing column 'text'") as error:
+        read_labelled(path)
+    assert len(str(error.value)) < 200

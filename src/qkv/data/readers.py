@@ -270,7 +270,9 @@ def _read_table(
                 positions = [_column_position(path, columns, field) for field in fields]
                 continue
             if len(row) != len(columns):
-                raise DataError(path, f"expected {len(columns)} fields, got {len(row)}", line=line)
+                hint = " (an unclosed quote?)" if any("\n" in value for value in row) else ""
+                problem = f"expected {len(columns)} fields, got {len(row)}{hint}"
+                raise DataError(path, problem, line=line)
             records.append((line, [row[position] for position in positions]))
     except csv.Error as error:
         kind = "TSV" if tsv else "CSV"
@@ -280,7 +282,8 @@ def _read_table(
 
 def _column_position(path: str | Path, columns: list[str], field: str) -> int:
     if field not in columns:
-        available = ", ".join(map(repr, columns))
+        available = ", ".join(repr(_short_text(name)) for name in columns[:8])
+        available += ", ..." if len(columns) > 8 else ""
         raise DataError(path, f"missing column '{field}' (columns: {available})", line=1)
     return columns.index(field)
 
@@ -317,3 +320,7 @@ def _json_problem(error: Exception, line: str) -> str:
 def _short(error: Exception, limit: int = 120) -> str:
     message = str(error).splitlines()[0] if str(error) else type(error).__name__
     return message if len(message) <= limit else message[: limit - 3] + "..."
+
+
+def _short_text(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
