@@ -238,7 +238,7 @@ def test_non_finite_steps_are_skipped_and_reported(
     assert int(trainer.optimizer.state_dict()["state"][0]["step"]) == 12  # Adam never saw them
     out = capsys.readouterr().out
     assert out.count("non-finite loss or gradient") == 3
-    assert "at step 4; step skipped" in out
+    assert "at step 4; batch skipped" in out
     assert [h["step"] for h in p.history] == [3, 6, 9, 12]  # no second validation of step 3
     assert all(torch.isfinite(w).all() for w in trainer.model.state_dict().values())
 
@@ -266,7 +266,7 @@ def test_divergence_stops_and_keeps_the_last_good_checkpoint(
         train(tmp_path, task)
     good = tmp_path / "checkpoints" / "step-0000006"
     message = str(error.value)
-    assert message.startswith("3 non-finite steps in a row at step 7: stopping.")
+    assert message.startswith("3 non-finite batches in a row at step 8: stopping.")
     assert f"Last good checkpoint: {good}" in message
     assert "\n" not in message
     assert [p.name for p in ckpt.list_checkpoints(tmp_path / "checkpoints")] == [
@@ -274,7 +274,7 @@ def test_divergence_stops_and_keeps_the_last_good_checkpoint(
         "step-0000006",
     ]
     assert ckpt.verify_checkpoint(good)["progress"]["bad_steps"] == 0
-    assert capsys.readouterr().out.count("step skipped") == 3
+    assert capsys.readouterr().out.count("batch skipped") == 3
 
     resumed = train(tmp_path, ToyTask(), resume=True)  # e.g. after lowering the lr
     assert resumed.progress.step == 12
@@ -282,14 +282,14 @@ def test_divergence_stops_and_keeps_the_last_good_checkpoint(
 
 def test_divergence_before_any_checkpoint_says_none(tmp_path: Path) -> None:
     task = ToyTask(lambda n: float("nan"))
-    with pytest.raises(TrainingDiverged, match=r"at step 0: stopping\. Last good checkpoint: none"):
+    with pytest.raises(TrainingDiverged, match=r"at step 1: stopping\. Last good checkpoint: none"):
         train(tmp_path, task)
 
 
 @pytest.mark.parametrize(
     ("error", "code"),
     [
-        (TrainingDiverged("3 non-finite steps in a row at step 7: stopping."), 2),
+        (TrainingDiverged("3 non-finite batches in a row at step 8: stopping."), 2),
         (
             TrainingInterrupted("SIGTERM received: checkpoint saved at step 5; continue with: x"),
             130,

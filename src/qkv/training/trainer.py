@@ -268,11 +268,11 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
             p.bad_steps += 1
             p.skipped_steps += 1
-            print(f"warning: non-finite loss or gradient at step {p.step + 1}; step skipped")
+            print(f"warning: non-finite loss or gradient at step {p.step + 1}; batch skipped")
             if p.bad_steps >= c.max_bad_steps:
                 last = ckpt.latest_good_checkpoint(self.checkpoints)[0]
                 raise TrainingDiverged(
-                    f"{p.bad_steps} non-finite steps in a row at step {p.step}: stopping. "
+                    f"{p.bad_steps} non-finite batches in a row at step {p.step + 1}: stopping. "
                     f"Last good checkpoint: {last or 'none'}; try a lower lr or more warmup"
                 )
             return False
