@@ -282,6 +282,18 @@ def test_sample_with_top_k_one_equals_greedy(seed: int) -> None:
     assert sampled == greedy
 
 
+def test_sample_never_draws_padding_or_bos() -> None:
+    def mostly_padding(sentence: int, prefix: tuple[int, ...]) -> Tensor:
+        return torch.tensor([0.0, -0.1, -3.0, -2.0, -2.0])  # PAD, BOS, EOS, a, b
+
+    generator = torch.Generator().manual_seed(0)
+    found = sample(
+        ToyDecoder(mostly_padding, list(range(16))), 16, lengths(*[6] * 16), generator=generator
+    )
+    tokens = {token for sentence in found for token in sentence}
+    assert tokens and tokens <= {TOK_A, TOK_B}
+
+
 def test_sample_is_reproducible_with_a_seeded_generator() -> None:
     def run(seed: int) -> list[list[int]]:
         decoder = ToyDecoder(random_log_probs(0), list(range(8)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 import sys
 
 import pytest
@@ -28,6 +29,8 @@ BAD = {
     "top_p 0": ({"top_p": 0.0}, r"top_p must be in \(0, 1\]"),
     "top_p above 1": ({"top_p": 1.5}, r"top_p must be in \(0, 1\]"),
     "no workers": ({"workers": 0}, "workers must be >= 1, got 0"),
+    "infinite max_len_a": ({"max_len_a": math.inf}, "max_len_a and max_len_b must be >= 0"),
+    "max_len_a NaN": ({"max_len_a": math.nan}, "max_len_a and max_len_b must be >= 0"),
 }
 
 
@@ -40,6 +43,15 @@ def test_out_of_range_settings_are_config_errors(fields: dict[str, float], messa
 def test_defaults_and_edges_are_accepted() -> None:
     DecodeOptions()
     DecodeOptions(beam_size=1, max_len_a=0.0, max_len_b=0, max_tokens=1, top_k=0, top_p=1.0)
+
+
+def test_a_huge_length_budget_is_the_models_longest() -> None:
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(tiny_config(vocab_size=60, max_len=12))
+    sources, cpu = [[5, 6, 7], [8, 9]], torch.device("cpu")
+    huge = translate_ids(model, sources, DecodeOptions(beam_size=1, max_len_a=1e30), cpu)
+    large = translate_ids(model, sources, DecodeOptions(beam_size=1, max_len_a=100.0), cpu)
+    assert huge == large and max(len(tokens) for tokens in huge) > 1
 
 
 class Terminal(io.StringIO):

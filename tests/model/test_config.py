@@ -32,3 +32,20 @@ def test_base_model_has_the_papers_size() -> None:
     model = Seq2SeqTransformer(transformer_base(vocab_size=37000))
     n = model.num_parameters()
     assert 63e6 <= n <= 65e6, n
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"d_model": 64.0}, "d_model must be of type int, got 64.0"),
+        ({"vocab_size": True}, "vocab_size must be of type int, got True"),
+        ({"tie_embeddings": "no"}, "tie_embeddings must be of type bool"),
+        ({"n_encoder_layers": 1.5}, "n_encoder_layers must be of type int"),
+        ({"tgt_vocab_size": 8, "pad_id": 10}, "pad_id must be a token id of both vocabularies"),
+    ],
+)
+def test_values_of_the_wrong_type_or_vocabulary_are_refused(
+    fields: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        ModelConfig(**{"vocab_size": 64, **fields})  # type: ignore[arg-type]

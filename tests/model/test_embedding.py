@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from qkv.model.embedding import TokenEmbedding, make_embeddings, sinusoid_table
+from qkv.model.embedding import TokenEmbedding, check_ids, make_embeddings, sinusoid_table
 
 
 def test_sinusoids_match_the_paper() -> None:
@@ -30,3 +30,20 @@ def test_a_position_held_in_a_tensor_embeds_like_an_offset(positions: str) -> No
         torch.testing.assert_close(
             embeddings.at(ids, torch.tensor([offset])), embeddings(ids, offset=offset)
         )
+
+
+@pytest.mark.parametrize(
+    ("ids", "message"),
+    [
+        (torch.tensor([5, 6, 7]), r"must be \(B, L\) token ids, got shape \(3,\)"),
+        (torch.ones(1, 2, 3, dtype=torch.long), r"got shape \(1, 2, 3\)"),
+        (torch.tensor([[5.0, 6.0]]), "must hold integer token ids, got torch.float32"),
+        (torch.tensor([[5, 40]]), r"token id 40, outside the vocabulary \[0, 40\)"),
+        (torch.tensor([[-1, 5]]), r"token id -1, outside the vocabulary"),
+    ],
+)
+def test_token_ids_are_checked(ids: torch.Tensor, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        check_ids(ids, 40, "source ids")
+    check_ids(torch.tensor([[0, 39]]), 40, "source ids")
+    check_ids(torch.zeros(0, 0, dtype=torch.long), 40, "source ids")

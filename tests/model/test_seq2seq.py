@@ -128,3 +128,15 @@ def test_learned_positions_are_trained() -> None:
     model(random_ids(2, 5), random_ids(2, 4)).sum().backward()
     grad = model.encoder.embeddings.positions.table.weight.grad
     assert grad is not None and grad[:5].abs().sum() > 0
+
+
+def test_inputs_that_do_not_pair_up_are_refused(model: Seq2SeqTransformer) -> None:
+    src, tgt = random_ids(2, 5), random_ids(1, 4)
+    with pytest.raises(ValueError, match="2 source rows but 1 target rows"):
+        model(src, tgt)
+    with pytest.raises(ValueError, match="2 source rows but 1 target rows"):
+        model.forward_with_maps(src, tgt)
+    with pytest.raises(ValueError, match=r"target ids holds token id 40"):
+        model(src, torch.full((2, 3), 40))
+    with pytest.raises(ValueError, match=r"source ids must be \(B, L\) token ids"):
+        model(src[0], tgt)

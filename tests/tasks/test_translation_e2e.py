@@ -65,6 +65,10 @@ def test_translator_round_trip(tiny_run: Path) -> None:
     assert len(greedy) == len(beam) == 5
     assert all(isinstance(x, str) for x in greedy + beam)
     assert translator.translate(["", "   ", "\t"], beam_size=1) == ["", "", ""]
+    with pytest.raises(TypeError, match="a list of strings, not one string"):
+        translator.translate("March 3, 2021", beam_size=1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="must be strings, got NoneType"):
+        translator.translate(["March 3, 2021", None], beam_size=1)  # type: ignore[list-item]
 
 
 def test_translate_keeps_every_stdin_line_in_its_place(

@@ -21,7 +21,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from qkv.data.special import BOS_ID, EOS_ID
+from qkv.data.special import BOS_ID, EOS_ID, PAD_ID
 from qkv.errors import ConfigError
 
 
@@ -88,7 +88,8 @@ def sample(
     """Decode every sentence by drawing each next token at random.
 
     The logits are divided by `temperature`, cut by `filter_logits` (top-k, then
-    nucleus), renormalised, and one token is drawn per row.
+    nucleus), renormalised, and one token is drawn per row. Padding and BOS are never drawn:
+    they are not words, and a decoder reads a padding token it is fed as nothing.
 
     Args:
         decoder: holds `batch_size` rows, no token fed yet.
@@ -109,9 +110,15 @@ def sample(
         ConfigError: if temperature, top_k or top_p is out of range.
     """
     check_sampling(temperature, top_k, top_p)
+    never: Tensor | None = None  # (k,) ids that are not words
 
     def draw(logits: Tensor) -> Tensor:
-        kept = filter_logits(logits / temperature, top_k, top_p)  # (N, V)
+        nonlocal never
+        if never is None:
+            ids = [i for i in (PAD_ID, bos_id) if i != eos_id and i < logits.size(-1)]
+            never = torch.tensor(ids, dtype=torch.long, device=logits.device)
+        words = logits.index_fill(-1, never, float("-inf"))  # (N, V)
+        kept = filter_logits(words / temperature, top_k, top_p)  # (N, V)
         probs = kept.softmax(dim=-1)  # (N, V)
         return torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (N,)
 

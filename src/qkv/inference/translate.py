@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -51,9 +52,10 @@ class DecodeOptions:
                 f"the length penalty exponent alpha must be between 0 and {MAX_ALPHA}, "
                 f"got {self.alpha}"
             )
-        if self.max_len_a < 0 or self.max_len_b < 0:
+        if not (0 <= self.max_len_a < math.inf and self.max_len_b >= 0):  # NaN fails too
             raise ConfigError(
-                f"max_len_a and max_len_b must be >= 0, got {self.max_len_a}, {self.max_len_b}"
+                "max_len_a and max_len_b must be >= 0 and finite, "
+                f"got {self.max_len_a}, {self.max_len_b}"
             )
         if self.max_tokens < 1:
             raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
@@ -123,7 +125,8 @@ def _decode_batch(
     batch = src.size(0)
     src_lengths = (src != PAD_ID).sum(1)  # (B,)
     limit = model.config.max_len - 1
-    max_lengths = (src_lengths * options.max_len_a + options.max_len_b).long().clamp(1, limit)
+    budgets = src_lengths * options.max_len_a + options.max_len_b  # (B,) float
+    max_lengths = budgets.clamp(1, limit).long()  # clamped first: a long cannot hold 1e30
     if graphs is not None and not options.sampling:  # whole search steps as graph replays
         if options.beam_size > 1:
             found = graphs.beam(src, options.beam_size, max_lengths, options.alpha)

@@ -62,7 +62,15 @@ class Translator:
 
         Empty and whitespace-only sentences translate to empty strings, in their places. With
         `progress`, a bar of sentences done is drawn on stderr when stderr is a terminal.
+
+        Raises:
+            TypeError: if `sentences` is one string, or holds something else than strings.
         """
+        if isinstance(sentences, str):
+            raise TypeError("sentences must be a list of strings, not one string")
+        if not all(isinstance(s, str) for s in sentences):
+            kinds = sorted({type(s).__name__ for s in sentences if not isinstance(s, str)})
+            raise TypeError(f"sentences must be strings, got {', '.join(kinds)}")
         decode = DecodeOptions(beam_size=beam_size, **options)  # type: ignore[arg-type]
         texts = [s if s.strip() else "" for s in sentences]
         found = translate_ids(self.model, self.encode(texts), decode, self.device, progress)

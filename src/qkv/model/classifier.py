@@ -6,7 +6,7 @@ from torch import Tensor, nn
 
 from qkv.model.config import ModelConfig
 from qkv.model.dropout import Dropout
-from qkv.model.embedding import make_embeddings
+from qkv.model.embedding import check_ids, make_embeddings
 from qkv.model.encoder import Encoder
 from qkv.model.init import xavier_init
 from qkv.model.maps import AttentionMaps
@@ -38,12 +38,14 @@ class TextClassifier(nn.Module):
 
     def forward(self, ids: Tensor) -> Tensor:
         """ids (B, S) -> class logits (B, C)."""
+        check_ids(ids, self.config.vocab_size, "token ids")
         mask = padding_mask(ids, self.config.pad_id)  # (B, 1, 1, S)
         states, _ = self.encoder(ids, mask)  # (B, S, D)
         return self.head(self.dropout(self.pool(states, mask)))  # (B, C)
 
     def forward_with_maps(self, ids: Tensor) -> tuple[Tensor, AttentionMaps]:
         """Logits (B, C) and the encoder's attention maps, from the weights path."""
+        check_ids(ids, self.config.vocab_size, "token ids")
         mask = padding_mask(ids, self.config.pad_id)
         states, maps = self.encoder(ids, mask, need_weights=True)
         return self.head(self.dropout(self.pool(states, mask))), AttentionMaps(encoder_self=maps)

@@ -36,6 +36,7 @@ class ModelConfig:
     head_dropout: float = 0.1  # classifier only: dropout between pooling and the output layer
 
     def __post_init__(self) -> None:
+        self._check_types()
         checks = [
             (self.vocab_size > 0, f"vocab_size must be positive, got {self.vocab_size}"),
             (
@@ -63,12 +64,32 @@ class ModelConfig:
             (self.positions in ("sinusoidal", "learned"), f"unknown positions {self.positions!r}"),
             (self.pooling in ("mean", "cls"), f"unknown pooling {self.pooling!r}"),
             (self.max_len > 0, "max_len must be positive"),
-            (0 <= self.pad_id < self.vocab_size, "pad_id must be a valid token id"),
+            (
+                0 <= self.pad_id < min(self.vocab_size, self.target_vocab_size),
+                "pad_id must be a token id of both vocabularies",
+            ),
             (self.n_classes >= 0, "n_classes must be 0 or more"),
         ]
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+
+    def _check_types(self) -> None:
+        """Raise ConfigError for a value of the wrong type (2.0 or True for an int, say)."""
+        for item in fields(self):
+            value, kind = getattr(self, item.name), str(item.type)
+            if value is None and "None" in kind:
+                continue
+            if kind.startswith("int"):
+                ok = isinstance(value, int) and not isinstance(value, bool)
+            elif kind == "float":
+                ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            elif kind == "bool":
+                ok = isinstance(value, bool)
+            else:  # the Literal names: checked against their choices below
+                ok = isinstance(value, str)
+            if not ok:
+                raise ConfigError(f"{item.name} must be of type {kind}, got {value!r}")
 
     @property
     def target_vocab_size(self) -> int:

@@ -24,6 +24,25 @@ class TokenEmbedding(nn.Module):
         return self.table(ids) * self.scale
 
 
+def check_ids(ids: Tensor, vocab_size: int, name: str) -> None:
+    """Raise ValueError unless `ids` is a (B, L) tensor of integer ids in [0, vocab_size).
+
+    The range is read on CPU tensors only: on a GPU it would wait for the device at every
+    call (an id out of range stops the kernel there instead).
+    """
+    if ids.dim() != 2:
+        raise ValueError(f"{name} must be (B, L) token ids, got shape {tuple(ids.shape)}")
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise ValueError(f"{name} must hold integer token ids, got {ids.dtype}")
+    if ids.device.type == "cpu" and ids.numel() > 0 and not torch.compiler.is_compiling():
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= vocab_size:
+            bad = low if low < 0 else high
+            raise ValueError(
+                f"{name} holds token id {bad}, outside the vocabulary [0, {vocab_size})"
+            )
+
+
 def sinusoid_table(max_len: int, d_model: int) -> Tensor:
     """PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(pos / 10000^(2i/D)).
 

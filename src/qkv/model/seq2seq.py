@@ -7,7 +7,7 @@ from torch import Tensor, nn
 
 from qkv.model.config import ModelConfig
 from qkv.model.decoder import Decoder
-from qkv.model.embedding import TokenEmbedding, make_embeddings
+from qkv.model.embedding import TokenEmbedding, check_ids, make_embeddings
 from qkv.model.encoder import Encoder
 from qkv.model.frozen_linear import FrozenLinear
 from qkv.model.init import xavier_init
@@ -68,6 +68,7 @@ class Seq2SeqTransformer(nn.Module):
 
         `packed` (the default) runs the layers on the real tokens only; False runs them on
         the padded batch (see `Encoder.forward`)."""
+        check_ids(src_ids, self.config.vocab_size, "source ids")
         src_mask = padding_mask(src_ids, self.config.pad_id)  # (B, 1, 1, S)
         memory, maps = self.encoder(src_ids, src_mask, need_weights, packed)  # (B, S, D)
         return memory, src_mask, maps
@@ -76,6 +77,7 @@ class Seq2SeqTransformer(nn.Module):
         self, tgt_ids: Tensor, memory: Tensor, src_mask: Tensor, packed: bool = True
     ) -> Tensor:
         """tgt_ids (B, T), memory (B, S, D) -> decoder states (B, T, D)."""
+        self._check_targets(tgt_ids, memory)
         self_mask = decoder_self_mask(tgt_ids, self.config.pad_id)  # (B, 1, T, T)
         states, _, _ = self.decoder(tgt_ids, memory, self_mask, src_mask, packed=packed)
         return states
@@ -96,11 +98,20 @@ class Seq2SeqTransformer(nn.Module):
     def forward_with_maps(self, src_ids: Tensor, tgt_ids: Tensor) -> tuple[Tensor, AttentionMaps]:
         """Logits (B, T, V) and every attention map, from the weights path."""
         memory, src_mask, encoder_maps = self.encode(src_ids, need_weights=True)
+        self._check_targets(tgt_ids, memory)
         self_mask = decoder_self_mask(tgt_ids, self.config.pad_id)  # (B, 1, T, T)
         states, self_maps, cross_maps = self.decoder(
             tgt_ids, memory, self_mask, src_mask, need_weights=True
         )
         return self.output(states), AttentionMaps(encoder_maps, self_maps, cross_maps)
+
+    def _check_targets(self, tgt_ids: Tensor, memory: Tensor) -> None:
+        check_ids(tgt_ids, self.config.target_vocab_size, "target ids")
+        if tgt_ids.size(0) != memory.size(0):
+            raise ValueError(
+                f"{memory.size(0)} source rows but {tgt_ids.size(0)} target rows: a batch pairs "
+                "each source with its target"
+            )
 
     def init_cache(self, memory: Tensor, src_mask: Tensor, max_len: int) -> DecoderCache:
         """A cache for decoding up to `max_len` steps from memory (N, S, D); cross-attention
