@@ -137,8 +137,16 @@ def test_resume_after_the_data_moved_says_how_and_then_works(
     )  # fmt: skip
     assert code == 0, err
     (tmp_path / "data").rename(tmp_path / "moved")
+    before = (run / "config.json").read_text()
     code, _, err = qkv(capsys, "train", "--resume", run, "max_steps=2")
     assert code == 2 and f"qkv train --resume {run} data_dir=NEW" in err, err
+    code, _, err = qkv(capsys, "train", "--resume", run, f"data_dir={tmp_path / 'nope'}")
+    assert code == 2 and "nope is gone" in err, err
+    code, _, err = qkv(
+        capsys, "train", "--resume", run, f"data_dir={tmp_path / 'moved'}", "d_model=8"
+    )
+    assert code == 2 and "not: d_model" in err, err
+    assert (run / "config.json").read_text() == before  # a refused resume changes nothing
     moved = f"data_dir={tmp_path / 'moved'}"
     code, _, err = qkv(capsys, "train", "--resume", run, "max_steps=2", moved)
     assert code == 0, err

@@ -101,7 +101,12 @@ def test_a_directory_that_is_not_a_run_is_never_removed(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("options", "message"),
-    [({"minutes": 0.0}, "positive time budget"), ({"n_test": 0}, "at least one")],
+    [
+        ({"minutes": 0.0}, "positive, finite time budget"),
+        ({"minutes": float("nan")}, "positive, finite time budget"),
+        ({"minutes": float("inf")}, "positive, finite time budget"),
+        ({"n_test": 0}, "at least one"),
+    ],
 )
 def test_bad_sizes_are_config_errors(
     tmp_path: Path, options: dict[str, float], message: str
@@ -153,4 +158,4 @@ def test_cli_reports_a_bad_budget_in_one_line(
     assert main(["demo", "--out", str(tmp_path), "--minutes", "0"]) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1
-    assert "positive time budget" in error
+    assert "positive, finite time budget" in error

@@ -45,9 +45,9 @@ def _resume(run_dir: Path, values: dict[str, str]) -> int:
     from qkv.run import RunConfig
 
     run = RunConfig.load(run_dir)
+    changed = bool(values)
     for key in [key for key in values if key in DATA_PATHS and key in run.data]:
         run.data[key] = os.path.abspath(values.pop(key))
-        run.save(run_dir)
     for key in DATA_PATHS:
         place = run.data.get(key)
         if place and not Path(place).exists():
@@ -62,6 +62,7 @@ def _resume(run_dir: Path, values: dict[str, str]) -> int:
                 "only training settings and the data's places can change when resuming, "
                 f"not: {', '.join(sorted(rest))}"
             )
+    if changed:  # only once every change is known to be good
         run.save(run_dir)
     if run.task == "translation":
         from qkv.tasks.translation import train_translation

@@ -10,6 +10,7 @@ Everything is generated, so the demo needs no download. It writes
 
 from __future__ import annotations
 
+import math
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -150,8 +151,8 @@ def run_demo(
     from qkv.tasks.translation import train_translation
     from qkv.viz.curves import plot_curves
 
-    if minutes <= 0:
-        raise ConfigError(f"the demo needs a positive time budget, got {minutes} minutes")
+    if not 0 < minutes < math.inf:  # NaN fails too
+        raise ConfigError(f"the demo needs a positive, finite time budget, got {minutes} minutes")
     if min(n_train, n_valid, n_test) < 1:
         raise ConfigError("the demo needs at least one train, valid and test pair")
     out_dir = Path(out_dir)
