@@ -280,6 +280,29 @@ def test_divergence_stops_and_keeps_the_last_good_checkpoint(
     assert resumed.progress.step == 12
 
 
+class ScriptedScores(ToyTask):
+    """A ToyTask whose validations score as scripted, in order (averages included)."""
+
+    def __init__(self, scores: list[float]) -> None:
+        super().__init__()
+        self.scores = list(scores)
+
+    def evaluate(self, device: torch.device) -> dict[str, float]:
+        return {"loss": 0.0, "score": self.scores.pop(0)}
+
+
+def test_a_better_average_is_remembered_across_resumes(tmp_path: Path) -> None:
+    first = train(tmp_path, ScriptedScores([1.0, 2.0, 5.0]), max_steps=6, average_last=2)
+    assert (first.progress.best, first.progress.best_step) == (5.0, 6)
+    progress = ckpt.verify_checkpoint(tmp_path / "checkpoints" / "step-0000006")["progress"]
+    assert (progress["best"], progress["best_step"]) == (5.0, 6)
+    averaged = (tmp_path / "model.safetensors").read_bytes()
+    # Resumed: a single checkpoint (3.0) and a new average (4.0), both worse than 5.0.
+    second = train(tmp_path, ScriptedScores([3.0, 4.0]), resume=True, max_steps=9, average_last=2)
+    assert (second.progress.best, second.progress.best_step) == (5.0, 6)
+    assert (tmp_path / "model.safetensors").read_bytes() == averaged
+
+
 def test_divergence_before_any_checkpoint_says_none(tmp_path: Path) -> None:
     task = ToyTask(lambda n: float("nan"))
     with pytest.raises(TrainingDiverged, match=r"at step 1: stopping\. Last good checkpoint: none"):

@@ -251,6 +251,14 @@ def verify_checkpoint(directory: Path) -> dict[str, Any]:
     return record
 
 
+def update_progress(directory: Path, progress: dict[str, Any]) -> None:
+    """Rewrite the progress a checkpoint records (atomically; its weights, optimizer state and
+    checksums stay as they are)."""
+    record = verify_checkpoint(directory)
+    record["progress"] = progress
+    atomic_write_text(directory / STATE_FILE, json.dumps(record))
+
+
 def load_checkpoint(
     directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None
 ) -> tuple[dict[str, Any], dict[str, Tensor]]:

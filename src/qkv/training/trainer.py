@@ -367,6 +367,9 @@ class Trainer:
             f"{metrics[self.task.metric]:.4g} (best single {p.best:.4g})"
         )
         if metrics[self.task.metric] > p.best:
-            p.best = metrics[self.task.metric]
+            p.best, p.best_step = metrics[self.task.metric], p.step
             ckpt.save_weights(self.model, self.run_dir / "model.safetensors")
+            latest = self.checkpoints / f"step-{p.step:07d}"
+            if latest.is_dir():  # a resumed run must know what model.safetensors scores
+                ckpt.update_progress(latest, vars(p))
         ckpt.load_weights(self.model, self.run_dir / "model.safetensors")
