@@ -5,6 +5,8 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -108,3 +110,43 @@ def test_an_interrupt_stops_the_workers_at_once() -> None:
     assert time.monotonic() - start < 30  # not the 60 s of the batches under way
     assert set(multiprocessing.active_children()) <= before
     assert workers_module._JOB is None
+
+
+WORKERS_SCRIPT = """
+import os, sys, time
+from qkv.inference.workers import map_in_workers
+
+def job(index):
+    print(os.getpid(), flush=True)
+    time.sleep(60)
+    return index
+
+try:
+    list(map_in_workers(job, 4, workers=2))
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc to see the workers")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_workers_end_when_their_parent_is_terminated_or_killed(signum: signal.Signals) -> None:
+    parent = subprocess.Popen(
+        [sys.executable, "-c", WORKERS_SCRIPT], stdout=subprocess.PIPE, text=True
+    )
+    assert parent.stdout is not None
+    pids = [int(parent.stdout.readline()) for _ in range(2)]  # both workers are under way
+    parent.send_signal(signum)
+    assert parent.wait(timeout=30) == (130 if signum == signal.SIGTERM else -signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(pid) for pid in pids)

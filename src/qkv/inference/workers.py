@@ -15,8 +15,11 @@ Only batches' indices go to the workers and only plain results come back.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import multiprocessing
 import signal
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -28,6 +31,9 @@ import torch
 from qkv.errors import ConfigError, QkvError
 
 Result = TypeVar("Result")
+
+PR_SET_PDEATHSIG = 1
+"""prctl's option that names the signal a process gets when its parent dies (Linux)."""
 
 _JOB: Callable[[int], Any] | None = None
 """The job of the pool being started; forked workers inherit it, so it is never pickled."""
@@ -47,7 +53,9 @@ def map_in_workers(job: Callable[[int], Result], count: int, workers: int) -> It
     With one worker (or one job) everything runs here, on torch's threads. Otherwise each
     worker takes the next index when it is free, so long and short jobs even out. A job's
     exception is raised here; a worker that dies (killed, out of memory) raises QkvError.
-    On KeyboardInterrupt here, the workers are stopped at once.
+    On KeyboardInterrupt or SIGTERM here, the workers are stopped at once (SIGTERM is raised
+    as KeyboardInterrupt while the workers run); a worker whose parent dies, even by SIGKILL,
+    is ended by the kernel (Linux).
     """
     if workers <= 1 or count <= 1:
         yield from map(job, range(count))
@@ -58,6 +66,7 @@ def map_in_workers(job: Callable[[int], Result], count: int, workers: int) -> It
     pool = ProcessPoolExecutor(
         min(workers, count), mp_context=multiprocessing.get_context("fork"), initializer=_start
     )
+    previous = _raise_on_sigterm()
     try:
         with warnings.catch_warnings():
             # Python >= 3.12 warns at fork when the process has threads (here OpenMP's idle
@@ -76,11 +85,35 @@ def map_in_workers(job: Callable[[int], Result], count: int, workers: int) -> It
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
         _JOB = None
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_on_sigterm() -> Any:
+    """Handle SIGTERM as Ctrl-C until restored (main thread only); the previous handler."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, interrupt)
 
 
 def _start() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _end_with_parent()
     torch.set_num_threads(1)
+
+
+def _end_with_parent() -> None:
+    """Ask Linux to send this process SIGTERM when its parent dies (prctl PR_SET_PDEATHSIG)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+    except (OSError, AttributeError):  # not Linux: a parent killed outright leaves its workers
+        pass
 
 
 def _run(index: int) -> Any:
