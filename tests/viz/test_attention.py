@@ -11,7 +11,13 @@ import torch
 from matplotlib import image as mpimg
 
 from qkv.errors import QkvError
-from qkv.viz.attention import AttentionPanel, plot_attention, select_panels
+from qkv.viz.attention import (
+    DPI,
+    MAX_FIGURE_INCHES,
+    AttentionPanel,
+    plot_attention,
+    select_panels,
+)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -155,3 +161,10 @@ def test_out_of_range_index_is_an_error(
 def test_missing_tokens_for_a_kind_is_an_error() -> None:
     with pytest.raises(QkvError, match="decoder self"):
         select_panels(attention_maps(), QUERY_TOKENS, {"encoder self": SOURCE_TOKENS}, None, None)
+
+
+def test_long_inputs_are_drawn_within_the_largest_figure(tmp_path: Path) -> None:
+    tokens = [f"token{i}" for i in range(300)]
+    panels = [panel(tokens, tokens, f"head {h}", seed=h) for h in range(4)]
+    pixels = assert_readable_png(plot_attention(panels, tmp_path / "long.png"))
+    assert max(pixels.shape[:2]) <= MAX_FIGURE_INCHES * DPI + 1

@@ -53,6 +53,8 @@ PREFERRED_FONTS = (
 _CELL_INCHES = 0.24
 _CHAR_INCHES = 0.075
 _MIN_PANEL_INCHES = 2.6
+MAX_FIGURE_INCHES = 48.0
+"""The longest side of a figure: longer inputs are drawn smaller, with every k-th token named."""
 
 
 @dataclass
@@ -156,8 +158,9 @@ def plot_attention(
     """Draws attention heatmaps in a grid and writes them to a picture (PNG, SVG, PDF, ...).
 
     The grid is roughly square with at most four columns; each panel is sized from its token
-    counts and label lengths so that every token stays readable. All panels share one colour
-    scale from 0 to 1.
+    counts and label lengths so that every token stays readable, up to `MAX_FIGURE_INCHES` a
+    side: beyond, the figure is drawn smaller and names every k-th token. All panels share one
+    colour scale from 0 to 1.
 
     Args:
         panels: the heatmaps to draw, in reading order.
@@ -179,17 +182,20 @@ def plot_attention(
     panel_height = max(_panel_size(p.query_tokens, p.key_tokens) for p in panels)
     width = n_columns * panel_width + 0.9  # + colour bar
     height = n_rows * panel_height + (0.5 if title else 0.0)
+    scale = min(1.0, MAX_FIGURE_INCHES / width, MAX_FIGURE_INCHES / height)
+    every = math.ceil(1.0 / scale - 1e-9)  # name every k-th token when the cells shrink
 
     with _multilingual_text():
-        figure = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+        figure = Figure(figsize=(width * scale, height * scale), dpi=DPI, layout="constrained")
         FigureCanvasAgg(figure)
         axes = list(figure.subplots(n_rows, n_columns, squeeze=False).flat)
         for ax in axes[len(panels) :]:
             ax.set_axis_off()
         for ax, panel in zip(axes, panels, strict=False):
             image = ax.imshow(panel.as_array(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
-            ax.set_xticks(range(len(panel.key_tokens)), panel.key_tokens, rotation=90)
-            ax.set_yticks(range(len(panel.query_tokens)), panel.query_tokens)
+            keys, queries = panel.key_tokens, panel.query_tokens
+            ax.set_xticks(range(0, len(keys), every), keys[::every], rotation=90)
+            ax.set_yticks(range(0, len(queries), every), queries[::every])
             ax.tick_params(labelsize=8)
             ax.set_xlabel("keys", fontsize=8)
             ax.set_ylabel("queries", fontsize=8)
