@@ -92,7 +92,11 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
 def _add_classify(sub: argparse._SubParsersAction) -> None:
     classify = sub.add_parser("classify", help="label texts with a trained classification run")
     classify.add_argument("run_dir", metavar="RUN")
-    classify.add_argument("--input", metavar="FILE", help="one text per line, or JSONL with 'text'")
+    classify.add_argument(
+        "--input",
+        metavar="FILE",
+        help="one text per line, or JSONL / CSV / TSV with the run's text field",
+    )
     classify.add_argument("--json", action="store_true", help="one JSON object per line")
     classify.set_defaults(run=_lazy("classify"))
 

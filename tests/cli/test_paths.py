@@ -200,3 +200,14 @@ def test_a_run_that_fails_before_it_begins_leaves_no_directory(
         capsys, "train", "classification", "--train", one_label, "--out", tmp_path / "mine", *TINY
     )
     assert code == 2 and (tmp_path / "mine").is_dir()  # the user's own directory stays
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_an_output_the_file_system_refuses_is_found_even_for_root(tmp_path: Path) -> None:
+    from qkv.commands.io import check_output
+    from qkv.errors import DataError
+
+    with pytest.raises(DataError, match=r"/proc/out\.en: cannot write"):
+        check_output("/proc/out.en")  # os.access says yes to root here
+    check_output(str(tmp_path / "out.en"))
+    assert list(tmp_path.iterdir()) == []  # the probe is gone

@@ -35,15 +35,19 @@ def check_output(path: str | None) -> None:
     if target.is_dir():
         raise DataError(path, "is a directory; give a file name")
     if target.exists() and not target.is_file():  # a device or pipe, written in place
-        writable = os.access(target, os.W_OK)
-    else:
-        if not target.parent.is_dir():
-            raise DataError(path, f"cannot write (no directory {target.parent})")
-        writable = os.access(target.parent, os.W_OK) and (
-            not target.exists() or os.access(target, os.W_OK)
-        )
-    if not writable:
-        raise DataError(path, "cannot write (permission denied)")
+        if not os.access(target, os.W_OK):
+            raise DataError(path, "cannot write (permission denied)")
+        return
+    if not target.parent.is_dir():
+        raise DataError(path, f"cannot write (no directory {target.parent})")
+    # Make and remove the temporary sibling the output will be written to: os.access says yes
+    # to root even where the file system says no (/proc, read-only mounts).
+    probe = target.with_name(f".{target.name}.{os.getpid()}.probe")
+    try:
+        probe.open("x").close()
+        probe.unlink()
+    except OSError as error:
+        raise DataError(path, f"cannot write ({error.strerror or error})") from None
 
 
 def write_lines(path: str | None, lines: list[str]) -> None:
