@@ -84,6 +84,7 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--ref", metavar="FILE", help="translation: reference translations")
     evaluate.add_argument("--data", metavar="FILE", help="classification: labelled file")
     evaluate.add_argument("--beam", type=int, default=5, help="beam size (1 = greedy)")
+    evaluate.add_argument("--alpha", type=float, default=0.6, help="length penalty exponent")
     _add_speed_options(evaluate)
     evaluate.add_argument("--json", action="store_true", help="print one JSON object")
     evaluate.set_defaults(run=_run_evaluate)

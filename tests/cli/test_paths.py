@@ -211,3 +211,15 @@ def test_an_output_the_file_system_refuses_is_found_even_for_root(tmp_path: Path
         check_output("/proc/out.en")  # os.access says yes to root here
     check_output(str(tmp_path / "out.en"))
     assert list(tmp_path.iterdir()) == []  # the probe is gone
+
+
+def test_evaluate_takes_and_records_the_length_penalty(
+    translation_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = TRANSLATION.parent.parent / "text"
+    files = ["--src", corpus / "src.de", "--ref", corpus / "ref.en", "--json", "--beam", "2"]
+    code, out, err = qkv(capsys, "evaluate", translation_run, *files, "--alpha", "0.0")
+    assert code == 0, err
+    assert json.loads(out)["alpha"] == 0.0
+    code, _, err = qkv(capsys, "evaluate", translation_run, *files, "--alpha", "nan")
+    assert code == 2 and "alpha must be between 0 and 10" in err, err

@@ -31,11 +31,17 @@ def _translation(args: argparse.Namespace) -> int:
     tune_allocator()  # decoding allocates the same large blocks every step
     translator = Translator.load(args.run_dir)
     hypotheses = translator.translate(
-        sources, beam_size=args.beam, progress=True, workers=args.workers, bf16=args.bf16
+        sources,
+        beam_size=args.beam,
+        alpha=args.alpha,
+        progress=True,
+        workers=args.workers,
+        bf16=args.bf16,
     )
     scores = score_translations(hypotheses, references)
     if args.json:
-        print_json({"beam": args.beam, "bf16": args.bf16, **scores.to_dict()})
+        settings = {"beam": args.beam, "alpha": args.alpha, "bf16": args.bf16}
+        print_json({**settings, **scores.to_dict()})
     else:
         print(f"BLEU {scores.bleu:.2f}  ({scores.bleu_signature})")
         print(f"chrF {scores.chrf:.2f}  ({scores.chrf_signature})")
