@@ -373,6 +373,17 @@ def test_atomic_write_text_removes_its_temporary_file_on_failure(tmp_path: Path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"] and target.is_dir()
 
 
+def test_atomic_write_text_writes_through_links_and_keeps_permissions(tmp_path: Path) -> None:
+    real = tmp_path / "real.txt"
+    real.write_text("old")
+    real.chmod(0o640)
+    link = tmp_path / "link.txt"
+    link.symlink_to(real)
+    ckpt.atomic_write_text(link, "new")
+    assert link.is_symlink() and real.read_text() == "new"
+    assert real.stat().st_mode & 0o777 == 0o640
+
+
 def test_a_graphed_optimizer_is_saved_as_an_ordinary_one() -> None:
     """A recorded step keeps lr in a device tensor and sets `capturable`: the JSON holds a
     number and `capturable` False, so the state loads anywhere."""

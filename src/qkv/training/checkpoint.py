@@ -73,13 +73,18 @@ def save_tensors(
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write `text` to `path` through a temporary file, fsync, then rename. On failure the
-    temporary file is removed and `path` is as it was."""
+    temporary file is removed and `path` is as it was. A symbolic link is written through (the
+    file it names is replaced), and a file replaced keeps its permissions."""
+    if path.is_symlink():
+        path = path.resolve()
     tmp = path.with_name(path.name + ".tmp")
     try:
         with tmp.open("w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
+        if path.is_file():
+            os.chmod(tmp, path.stat().st_mode & 0o7777)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
