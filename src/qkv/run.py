@@ -13,13 +13,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import types
 import typing
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from torch import nn
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None  # type: ignore[assignment]
 
 from qkv import __version__
 from qkv.data.tokenizer import Tokenizer
@@ -32,6 +40,7 @@ RUN_FORMAT = 1
 T = TypeVar("T")
 TASKS = ("translation", "classification")
 CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE = "config.json", "tokenizer.json", "model.safetensors"
+LOCK_FILE = ".lock"
 
 
 @dataclass
@@ -119,6 +128,37 @@ def _fits(value: Any, annotation: Any) -> bool:
     if annotation is type(None):
         return value is None
     return isinstance(value, origin or annotation)
+
+
+@contextmanager
+def run_lock(run_dir: Path) -> Iterator[None]:
+    """Hold `RUN/.lock` while training into `run_dir` (made if missing), so that a second
+    process training into it is refused instead of mixing its files with the first's. The
+    kernel lets go of the lock when the process ends, however it ends.
+
+    Raises:
+        ConfigError: if another process holds the lock.
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if fcntl is None:  # not a POSIX system: no lock
+        yield
+        return
+    with open(run_dir / LOCK_FILE, "a+", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            owner = handle.read().strip() or "another process"
+            raise ConfigError(
+                f"{run_dir} is being trained by {owner}; wait for it to end"
+            ) from None
+        handle.truncate(0)
+        handle.write(f"process {os.getpid()}")
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def load_run_weights(model: nn.Module, run_dir: Path) -> None:

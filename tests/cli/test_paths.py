@@ -223,3 +223,37 @@ def test_evaluate_takes_and_records_the_length_penalty(
     assert json.loads(out)["alpha"] == 0.0
     code, _, err = qkv(capsys, "evaluate", translation_run, *files, "--alpha", "nan")
     assert code == 2 and "alpha must be between 0 and 10" in err, err
+
+
+def test_a_run_being_trained_is_not_trained_by_a_second_process(
+    translation_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from qkv.run import run_lock
+
+    run = tmp_path / "run"
+    shutil.copytree(translation_run, run)
+    with run_lock(run):  # as a training process holds it
+        code, _, err = qkv(capsys, "train", "--resume", run, "max_steps=3")
+        assert code == 2 and f"{run} is being trained by process " in err, err
+        new = tmp_path / "new"
+        with run_lock(new):
+            code, _, err = qkv(
+                capsys, "train", "translation", "--data", TRANSLATION, "--out", new,
+                *TINY_TRANSLATION,
+            )  # fmt: skip
+            assert code == 2 and "is being trained by" in err, err
+    code, _, err = qkv(capsys, "train", "--resume", run, "max_steps=3")
+    assert code == 0, err
+
+
+def test_a_run_without_checkpoints_but_with_weights_says_how_to_start_again(
+    translation_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(translation_run, run)
+    shutil.rmtree(run / "checkpoints")  # as when the first checkpoint could not be written
+    code, _, err = qkv(capsys, "train", "--resume", run)
+    assert code == 2 and "move it away and resume again" in err, err
+    (run / "model.safetensors").rename(tmp_path / "kept.safetensors")
+    code, _, err = qkv(capsys, "train", "--resume", run, "max_steps=2")
+    assert code == 0, err

@@ -12,6 +12,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 from torch import nn
 
@@ -111,8 +112,12 @@ def test_crash_while_saving_keeps_the_previous_checkpoint(
         save(saved.parent / "step-0000009", step=9)
     monkeypatch.undo()
 
-    assert (saved.parent / "step-0000009.tmp" / "model.safetensors").is_file()
+    assert not (saved.parent / "step-0000009.tmp").exists()  # an interrupted save cleans up
     assert ckpt.list_checkpoints(saved.parent) == [saved]
+    assert ckpt.latest_good_checkpoint(saved.parent) == (saved, [])
+    leftover = saved.parent / "step-0000009.tmp"  # what a process killed mid-save leaves
+    leftover.mkdir()
+    (leftover / "model.safetensors").write_bytes(b"torn")
     assert ckpt.latest_good_checkpoint(saved.parent) == (saved, [])
     save(saved.parent / "step-0000009", step=9)  # the next save clears the leftover
     assert sorted(p.name for p in saved.parent.iterdir()) == ["step-0000007", "step-0000009"]
@@ -382,6 +387,23 @@ def test_atomic_write_text_writes_through_links_and_keeps_permissions(tmp_path: 
     ckpt.atomic_write_text(link, "new")
     assert link.is_symlink() and real.read_text() == "new"
     assert real.stat().st_mode & 0o777 == 0o640
+
+
+def test_a_full_disk_is_one_error_and_leaves_no_temporary_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    older = save(tmp_path / "step-0000003", step=3)
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise SafetensorError("Error while serializing: I/O error: No space left on device")
+
+    monkeypatch.setattr(ckpt, "save_file", full)
+    with pytest.raises(CheckpointError, match=r"cannot write \(I/O error: No space left"):
+        save(tmp_path / "step-0000007")
+    with pytest.raises(CheckpointError, match="No space left"):
+        ckpt.save_weights(model(), tmp_path / "model.safetensors")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-0000003"]
+    assert ckpt.verify_checkpoint(older)["progress"] == {"step": 3}
 
 
 def test_a_graphed_optimizer_is_saved_as_an_ordinary_one() -> None:

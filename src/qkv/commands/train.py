@@ -9,6 +9,7 @@ from pathlib import Path
 
 from qkv import overrides
 from qkv.errors import ConfigError
+from qkv.run import RunConfig, run_lock
 
 
 def run(args: argparse.Namespace) -> int:
@@ -24,11 +25,14 @@ def run(args: argparse.Namespace) -> int:
     values = overrides.parse_pairs(args.overrides)
     created = not out.exists()
     try:
-        if args.task == "translation":
-            return _translation(args, out, values)
-        from qkv.commands.train_classification import train as train_classification
+        with run_lock(out):
+            if (out / "config.json").exists():  # made by another process meanwhile
+                raise ConfigError(f"{out} already holds a run; continue it with --resume {out}")
+            if args.task == "translation":
+                return _translation(args, out, values)
+            from qkv.commands.train_classification import train as train_classification
 
-        return train_classification(args, out, values)
+            return train_classification(args, out, values)
     except BaseException:
         if created and not (out / "config.json").exists():  # failed before the run began
             shutil.rmtree(out, ignore_errors=True)
@@ -42,9 +46,13 @@ DATA_PATHS = ("data_dir", "train_file", "valid_file")
 def _resume(run_dir: Path, values: dict[str, str]) -> int:
     """Continue a run; training settings (threads, max_minutes, max_epochs, ...) may change,
     and so may the places of its data files, if they moved."""
-    from qkv.run import RunConfig
 
     run = RunConfig.load(run_dir)
+    with run_lock(run_dir):
+        return _resume_locked(run_dir, run, values)
+
+
+def _resume_locked(run_dir: Path, run: RunConfig, values: dict[str, str]) -> int:
     changed = bool(values)
     for key in [key for key in values if key in DATA_PATHS and key in run.data]:
         run.data[key] = os.path.abspath(values.pop(key))

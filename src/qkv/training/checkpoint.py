@@ -67,7 +67,11 @@ def save_tensors(
 ) -> None:
     """`safetensors.torch.save_file`, with the permissions `open` gives (it makes the file
     readable by its owner only), so that a run can be shared like any other file."""
-    save_file(tensors, str(path), metadata=metadata)
+    try:
+        save_file(tensors, str(path), metadata=metadata)
+    except SafetensorError as error:  # a full disk, say
+        reason = str(error).removeprefix("Error while serializing: ")
+        raise CheckpointError(f"{path}: cannot write ({reason})") from None
     os.chmod(path, 0o666 & ~UMASK)
 
 
@@ -109,9 +113,14 @@ def model_tensors(model: nn.Module) -> dict[str, Tensor]:
 def save_weights(model: nn.Module, path: Path, metadata: dict[str, str] | None = None) -> None:
     """Atomically write the model's weights as safetensors."""
     tmp = path.with_name(path.name + ".tmp")
-    save_tensors(model_tensors(model), tmp, metadata)
-    fsync_file(tmp)
-    os.replace(tmp, path)
+    try:
+        save_tensors(model_tensors(model), tmp, metadata)
+        fsync_file(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
     fsync_dir(path.parent)
 
 
@@ -205,6 +214,25 @@ def save_checkpoint(
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
+    try:
+        _write_checkpoint(tmp, model, optimizer, state, rng)
+    except BaseException:  # a full disk, say: the space goes back, the older checkpoints stay
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if directory.exists():
+        shutil.rmtree(directory)
+    os.replace(tmp, directory)
+    fsync_dir(directory.parent)
+    return directory
+
+
+def _write_checkpoint(
+    tmp: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    state: dict[str, Any],
+    rng: dict[str, Tensor],
+) -> None:
     opt_tensors, opt_plain = optimizer_tensors(optimizer)
     save_tensors(model_tensors(model), tmp / "model.safetensors")
     save_tensors(
@@ -219,11 +247,6 @@ def save_checkpoint(
         handle.flush()
         os.fsync(handle.fileno())
     fsync_dir(tmp)
-    if directory.exists():
-        shutil.rmtree(directory)
-    os.replace(tmp, directory)
-    fsync_dir(directory.parent)
-    return directory
 
 
 def verify_checkpoint(directory: Path) -> dict[str, Any]:

@@ -171,7 +171,16 @@ class Trainer:
             self.log.truncate_after(0)
             return
         if directory is None:
-            raise CheckpointError(f"{self.checkpoints}: no complete checkpoint to resume from")
+            weights = self.run_dir / "model.safetensors"
+            extra = (
+                f"; {weights} holds the best weights so far (translate and evaluate use them): "
+                "to train again from step 0, move it away and resume again"
+                if weights.exists() and not problems
+                else ""
+            )
+            raise CheckpointError(
+                f"{self.checkpoints}: no complete checkpoint to resume from{extra}"
+            )
         record, rng = ckpt.load_checkpoint(directory, self.model, self.optimizer)
         try:
             self.progress = Progress(**record["progress"])
