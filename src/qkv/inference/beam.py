@@ -74,6 +74,12 @@ def length_penalty(length: int, alpha: float) -> float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
+def check_beam_size(beam_size: int) -> None:
+    """Raise ConfigError unless beam_size >= 1."""
+    if beam_size < 1:
+        raise ConfigError(f"beam_size must be >= 1, got {beam_size}")
+
+
 def beam_search(
     decoder: IncrementalDecoder,
     batch_size: int,
@@ -101,8 +107,7 @@ def beam_search(
     Raises:
         ConfigError: if beam_size < 1.
     """
-    if beam_size < 1:
-        raise ConfigError(f"beam_size must be >= 1, got {beam_size}")
+    check_beam_size(beam_size)
     _check_lengths(batch_size, max_lengths)
     finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
     state = _initial_state(batch_size, max_lengths)

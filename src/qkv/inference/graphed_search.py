@@ -33,11 +33,11 @@ import torch
 from torch import Tensor
 
 from qkv.data.special import BOS_ID, EOS_ID
-from qkv.errors import ConfigError
 from qkv.graphs import record
 from qkv.inference.beam import (
     Hypothesis,
     _gather_beams,
+    check_beam_size,
     length_penalty,
     topk_by_blocks,
 )
@@ -289,8 +289,3 @@ class FixedBeams(FixedShapeSearch):
             ]
             found.append(sorted(hyps, key=lambda h: h.score, reverse=True)[: self.width])
         return found
-
-
-def check_beam_size(beam_size: int) -> None:
-    if beam_size < 1:
-        raise ConfigError(f"beam_size must be >= 1, got {beam_size}")

@@ -17,9 +17,9 @@ from torch import Tensor
 
 from qkv.data.batching import pad_ids, round_up
 from qkv.data.special import BOS_ID, EOS_ID
-from qkv.inference.beam import Hypothesis
+from qkv.inference.beam import Hypothesis, check_beam_size
 from qkv.inference.graphed import StaticDecoder
-from qkv.inference.graphed_search import FixedBeams, FixedGreedy, check_beam_size
+from qkv.inference.graphed_search import FixedBeams, FixedGreedy
 from qkv.inference.search import _check_lengths
 from qkv.model.seq2seq import Seq2SeqTransformer
 
