@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import types
 import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,6 +31,7 @@ except ImportError:  # Windows
 from qkv import __version__
 from qkv.data.tokenizer import Tokenizer
 from qkv.errors import CheckpointError, ConfigError
+from qkv.fits import fits, type_name
 from qkv.model.config import ModelConfig
 from qkv.training.checkpoint import atomic_write_text, load_weights
 from qkv.training.config import TrainConfig
@@ -106,28 +106,9 @@ def _typed(section: Any, config: type, name: str) -> dict[str, Any]:
     hints = typing.get_type_hints(config) if dataclasses.is_dataclass(config) else {}
     for key, value in section.items():
         hint = hints.get(key)
-        if hint is not None and not _fits(value, hint):
-            expected = (
-                str(hint).replace("typing.", "") if typing.get_origin(hint) else hint.__name__
-            )
-            raise ConfigError(f"{name}.{key} is {value!r}, expected {expected}")
+        if hint is not None and not fits(value, hint):
+            raise ConfigError(f"{name}.{key} is {value!r}, expected {type_name(hint)}")
     return section
-
-
-def _fits(value: Any, annotation: Any) -> bool:
-    """Whether a JSON value has the declared type (an int counts as a float, a bool as neither)."""
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        return any(_fits(value, option) for option in typing.get_args(annotation))
-    if origin is typing.Literal:
-        return value in typing.get_args(annotation)
-    if annotation is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if annotation is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if annotation is type(None):
-        return value is None
-    return isinstance(value, origin or annotation)
 
 
 @contextmanager

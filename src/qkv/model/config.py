@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import typing
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
 from qkv.errors import ConfigError
+from qkv.fits import fits, type_name
 
 Activation = Literal["relu", "gelu"]
 Positions = Literal["sinusoidal", "learned"]
@@ -75,21 +77,12 @@ class ModelConfig:
                 raise ConfigError(message)
 
     def _check_types(self) -> None:
-        """Raise ConfigError for a value of the wrong type (2.0 or True for an int, say)."""
-        for item in fields(self):
-            value, kind = getattr(self, item.name), str(item.type)
-            if value is None and "None" in kind:
-                continue
-            if kind.startswith("int"):
-                ok = isinstance(value, int) and not isinstance(value, bool)
-            elif kind == "float":
-                ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-            elif kind == "bool":
-                ok = isinstance(value, bool)
-            else:  # the Literal names: checked against their choices below
-                ok = isinstance(value, str)
-            if not ok:
-                raise ConfigError(f"{item.name} must be of type {kind}, got {value!r}")
+        """Raise ConfigError for a value of the wrong type (2.0 or True for an int, say); the
+        named choices (activation, positions, pooling) are checked with their own messages."""
+        for name, hint in typing.get_type_hints(ModelConfig).items():
+            value = getattr(self, name)
+            if typing.get_origin(hint) is not typing.Literal and not fits(value, hint):
+                raise ConfigError(f"{name} must be of type {type_name(hint)}, got {value!r}")
 
     @property
     def target_vocab_size(self) -> int:
