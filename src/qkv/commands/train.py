@@ -9,7 +9,8 @@ from pathlib import Path
 
 from qkv import overrides
 from qkv.errors import ConfigError
-from qkv.run import RunConfig, run_lock
+from qkv.run import CONFIG_FILE, RunConfig, run_lock
+from qkv.training.trainer import Progress
 
 
 def run(args: argparse.Namespace) -> int:
@@ -20,13 +21,11 @@ def run(args: argparse.Namespace) -> int:
     if args.task not in ("translation", "classification") or args.out is None:
         raise ConfigError("train needs a task (translation or classification) and --out RUN")
     out = Path(args.out)
-    if (out / "config.json").exists():
-        raise ConfigError(f"{out} already holds a run; continue it with --resume {out}")
     values = overrides.parse_pairs(args.overrides)
     created = not out.exists()
     try:
-        with run_lock(out):
-            if (out / "config.json").exists():  # made by another process meanwhile
+        with run_lock(out):  # checked under the lock: another process may be making it
+            if (out / CONFIG_FILE).exists():
                 raise ConfigError(f"{out} already holds a run; continue it with --resume {out}")
             if args.task == "translation":
                 return _translation(args, out, values)
@@ -34,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
 
             return train_classification(args, out, values)
     except BaseException:
-        if created and not (out / "config.json").exists():  # failed before the run began
+        if created and not (out / CONFIG_FILE).exists():  # failed before the run began
             shutil.rmtree(out, ignore_errors=True)
         raise
 
@@ -76,12 +75,19 @@ def _resume_locked(run_dir: Path, run: RunConfig, values: dict[str, str]) -> int
         from qkv.tasks.translation import train_translation
 
         progress = train_translation(None, None, None, run_dir, resume=True)
-        best = f"bleu {progress.best:.2f}"
-        use = f"translate with: qkv translate {run_dir} --input FILE"
     else:
         from qkv.tasks.classification import train_classification
 
         progress = train_classification(None, None, None, run_dir, resume=True)
+    return report_done(run.task, run_dir, progress)
+
+
+def report_done(task: str, run_dir: Path, progress: Progress) -> int:
+    """Print where a finished run is, its best score, and how to use it; exit code 0."""
+    if task == "translation":
+        best = f"bleu {progress.best:.2f}"
+        use = f"translate with: qkv translate {run_dir} --input FILE"
+    else:
         best = f"accuracy {progress.best:.4f}"
         use = f"classify with: qkv classify {run_dir} --input FILE"
     print(f"done: {run_dir} (best {best} at step {progress.best_step})")
@@ -98,7 +104,4 @@ def _translation(args: argparse.Namespace, out: Path, values: dict[str, str]) ->
     model, train = translation_preset(args.preset or "small")
     data = TranslationData(data_dir=args.data, src=args.src, tgt=args.tgt)
     data, model, train = overrides.apply_all(data, model, train, values)
-    progress = train_translation(data, model, train, out)
-    print(f"done: {out} (best bleu {progress.best:.2f} at step {progress.best_step})")
-    print(f"translate with: qkv translate {out} --input FILE")
-    return 0
+    return report_done("translation", out, train_translation(data, model, train, out))

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from qkv import overrides
+from qkv.commands.train import report_done
 from qkv.errors import ConfigError
 
 
@@ -26,6 +27,4 @@ def train(args: argparse.Namespace, out: Path, values: dict[str, str]) -> int:
     )
     data, model, train_config = overrides.apply_all(data, model, train_config, values)
     progress = train_classification(data, model, train_config, out)
-    print(f"done: {out} (best accuracy {progress.best:.4f} at step {progress.best_step})")
-    print(f"classify with: qkv classify {out} --input FILE")
-    return 0
+    return report_done("classification", out, progress)
