@@ -40,8 +40,8 @@ def check_output(path: str | None) -> None:
         return
     if not target.parent.is_dir():
         raise DataError(path, f"cannot write (no directory {target.parent})")
-    # Make and remove the temporary sibling the output will be written to: os.access says yes
-    # to root even where the file system says no (/proc, read-only mounts).
+    # Make and remove a file beside it, as writing the output will: os.access says yes to
+    # root even where the file system says no (/proc, read-only mounts).
     probe = target.with_name(f".{target.name}.{os.getpid()}.probe")
     try:
         probe.open("x").close()

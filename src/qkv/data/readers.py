@@ -19,6 +19,7 @@ from qkv.errors import DataError
 
 GZIP_MAGIC = b"\x1f\x8b"
 LABELLED_FORMATS = (".jsonl", ".json", ".csv", ".tsv")
+NO_FILE, A_DIRECTORY = "no such file", "is a directory, expected a file"
 FIELD_SIZE_LIMIT = 2**31 - 1
 """The longest CSV or TSV field read, in characters (Python's default is 131,072)."""
 
@@ -179,9 +180,9 @@ def _read_bytes(path: Path) -> bytes:
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        raise DataError(path, "no such file") from None
+        raise DataError(path, NO_FILE) from None
     except IsADirectoryError:
-        raise DataError(path, "is a directory, expected a file") from None
+        raise DataError(path, A_DIRECTORY) from None
     except (OSError, ValueError) as error:
         reason = getattr(error, "strerror", None) or error
         raise DataError(path, f"cannot read file ({reason})") from None
@@ -212,16 +213,16 @@ def _format_suffix(path: Path) -> str:
 
 def _read_records(path: str | Path, fields: Sequence[str]) -> list[tuple[int, list[object]]]:
     """The values of `fields` in each record, with the 1-based line on which it starts."""
-    if Path(path).is_dir():
-        raise DataError(path, "is a directory, expected a file")
-    if not Path(path).exists():
-        raise DataError(path, "no such file")
     suffix = _format_suffix(Path(path))
     if suffix in (".jsonl", ".json"):
         records = _read_json_lines(path, fields)
     elif suffix in (".csv", ".tsv"):
         records = _read_table(path, fields, tsv=suffix == ".tsv")
-    else:
+    else:  # a missing file or a directory says so before its name is blamed
+        if Path(path).is_dir():
+            raise DataError(path, A_DIRECTORY)
+        if not Path(path).exists():
+            raise DataError(path, NO_FILE)
         formats = ", ".join(LABELLED_FORMATS)
         raise DataError(path, f"unknown format '{suffix}', expected one of {formats} (or .gz)")
     if not records:

@@ -171,15 +171,14 @@ def prepare(
     if len(names) < 2:
         held_out = "" if data.valid_file else " once the validation share is held out"
         raise DataError(data.train_file, f"needs at least 2 labels{held_out}, found {names}")
-    if data.valid_file:
+    if data.valid_file:  # an unknown label there is named with its line
         valid_texts, valid_labels = read_labelled(
             Path(data.valid_file),
             text_field=data.text_field,
             label_field=data.label_field,
             known_labels=names,
         )
-    unknown = sorted(set(valid_labels) - set(names))
-    if unknown:
+    elif unknown := sorted(set(valid_labels) - set(names)):
         raise DataError(
             data.train_file,
             f"the held-out validation share has labels the rest lacks: {', '.join(unknown[:5])}; "

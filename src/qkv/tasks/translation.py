@@ -128,9 +128,8 @@ def prepare(
 ) -> tuple[Tokenizer, dict[str, list[list[int]]], list[str]]:
     """Read and validate the text, train (or reuse) the tokenizer, tokenize once and cache."""
     directory = Path(data.data_dir)
-    train_src, train_tgt = read_parallel(
-        find_split(directory, "train", data.src), find_split(directory, "train", data.tgt)
-    )
+    train_src_path = find_split(directory, "train", data.src)
+    train_src, train_tgt = read_parallel(train_src_path, find_split(directory, "train", data.tgt))
     valid_src, valid_tgt = read_parallel(
         find_split(directory, "val", data.src), find_split(directory, "val", data.tgt)
     )
@@ -157,7 +156,7 @@ def prepare(
         ]
         if not keep:
             raise DataError(
-                find_split(directory, "train", data.src),
+                train_src_path,
                 f"no training pair is left: all {len(train_src)} are longer than max_len "
                 f"({data.max_len} tokens)",
             )
