@@ -148,9 +148,13 @@ class Trainer:
             state["cuda"] = torch.cuda.get_rng_state()
         return state
 
+    def checkpoint_at(self, step: int) -> Path:
+        """The directory of the checkpoint of `step` (written or not)."""
+        return self.checkpoints / f"step-{step:07d}"
+
     def save(self) -> Path:
         p = self.progress
-        directory = self.checkpoints / f"step-{p.step:07d}"
+        directory = self.checkpoint_at(p.step)
         if rank() == 0:
             ckpt.save_checkpoint(
                 directory, self.model, self.optimizer, {"progress": vars(p)}, self.rng_state()
@@ -378,7 +382,7 @@ class Trainer:
         if metrics[self.task.metric] > p.best:
             p.best, p.best_step = metrics[self.task.metric], p.step
             ckpt.save_weights(self.model, self.run_dir / "model.safetensors")
-            latest = self.checkpoints / f"step-{p.step:07d}"
+            latest = self.checkpoint_at(p.step)
             if latest.is_dir():  # a resumed run must know what model.safetensors scores
                 ckpt.update_progress(latest, vars(p))
         ckpt.load_weights(self.model, self.run_dir / "model.safetensors")
