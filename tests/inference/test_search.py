@@ -304,6 +304,28 @@ def test_sample_is_reproducible_with_a_seeded_generator() -> None:
     assert run(1) != run(2)
 
 
+def test_a_sentences_sample_depends_on_its_seed_not_on_its_neighbours() -> None:
+    """Sentences that end early drop out, so rows move; each sentence keeps its own stream."""
+    seeds, budgets = [11, 12, 13, 14, 15, 16], [12, 3, 12, 0, 7, 12]
+    together = sample(
+        ToyDecoder(random_log_probs(0), list(range(6))), 6, lengths(*budgets), seeds=seeds
+    )
+    assert len({tuple(tokens) for tokens in together}) > 2  # the sentences do draw differently
+    for sentence in range(6):
+        alone = sample(
+            ToyDecoder(random_log_probs(0), [sentence]),
+            1,
+            lengths(budgets[sentence]),
+            seeds=[seeds[sentence]],
+        )
+        assert alone == [together[sentence]]
+
+
+def test_sample_wants_one_seed_per_sentence() -> None:
+    with pytest.raises(ValueError, match="2 seeds"):
+        sample(ToyDecoder(CLASSIC, [0, 1]), 2, lengths(3, 3), seeds=[1])
+
+
 @pytest.mark.parametrize(
     ("temperature", "top_p", "expected"),
     [

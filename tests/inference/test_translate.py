@@ -54,6 +54,23 @@ def test_a_huge_length_budget_is_the_models_longest() -> None:
     assert huge == large and max(len(tokens) for tokens in huge) > 1
 
 
+def test_a_sampled_translation_depends_on_seed_and_place_not_on_batching() -> None:
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(tiny_config(vocab_size=60, max_len=40))
+    sources, cpu = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14]], torch.device("cpu")
+
+    def run(sources: list[list[int]], seed: int = 3, max_tokens: int = 6000) -> list[list[int]]:
+        options = DecodeOptions(sampling=True, seed=seed, max_len_b=8, max_tokens=max_tokens)
+        return translate_ids(model, sources, options, cpu)
+
+    together = run(sources)
+    assert run(sources, max_tokens=1) == together  # one sentence per batch
+    neighbours = [[20, 21], sources[1], [22, 23, 24, 25, 26], sources[3]]
+    changed = run(neighbours)
+    assert [changed[1], changed[3]] == [together[1], together[3]]
+    assert run(sources, seed=4) != together
+
+
 class Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True

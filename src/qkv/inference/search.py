@@ -15,7 +15,7 @@ decoding steps are run for it, and its output never holds more than `max_length`
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import torch
@@ -47,8 +47,9 @@ class IncrementalDecoder(Protocol):
         """
 
 
-TokenChooser = Callable[[Tensor], Tensor]
-"""Maps next-token logits (N, V) to the chosen next tokens (N,) long."""
+TokenChooser = Callable[[Tensor, Tensor], Tensor]
+"""Maps next-token logits (N, V) and each row's sentence (N,) long to the chosen next tokens
+(N,) long."""
 
 
 def greedy_search(
@@ -71,7 +72,9 @@ def greedy_search(
     Returns:
         B lists of token ids, without BOS and EOS.
     """
-    return _decode_paths(decoder, batch_size, max_lengths, _argmax, bos_id, eos_id)
+    return _decode_paths(
+        decoder, batch_size, max_lengths, lambda logits, _: _argmax(logits), bos_id, eos_id
+    )
 
 
 def sample(
@@ -84,12 +87,19 @@ def sample(
     generator: torch.Generator | None = None,
     bos_id: int = BOS_ID,
     eos_id: int = EOS_ID,
+    seeds: Sequence[int] | None = None,
 ) -> list[list[int]]:
     """Decode every sentence by drawing each next token at random.
 
     The logits are divided by `temperature`, cut by `filter_logits` (top-k, then
     nucleus), renormalised, and one token is drawn per row. Padding and BOS are never drawn:
     they are not words, and a decoder reads a padding token it is fed as nothing.
+
+    Each sentence draws from a random stream of its own, seeded by its entry of `seeds` (or,
+    without them, by a seed drawn from `generator`), so what it draws depends on its seed and
+    its own tokens only, not on the other sentences of the batch. A draw is the exponential
+    race, which is exact: argmax over tokens of p / E with E ~ Exp(1) picks each token with
+    probability p.
 
     Args:
         decoder: holds `batch_size` rows, no token fed yet.
@@ -99,30 +109,49 @@ def sample(
         temperature: > 0; below 1 sharpens the distribution, above 1 flattens it.
         top_k: keep only the k most probable tokens; 0 keeps all.
         top_p: keep the smallest set of most probable tokens whose mass is at least p; 1 keeps all.
-        generator: source of randomness, on the decoder's device; None uses torch's global one.
+        generator: draws the sentences' seeds when `seeds` is None; None uses torch's global one.
         bos_id: token fed at the first step.
         eos_id: token that ends a sentence.
+        seeds: B seeds, one per sentence.
 
     Returns:
         B lists of token ids, without BOS and EOS.
 
     Raises:
         ConfigError: if temperature, top_k or top_p is out of range.
+        ValueError: if `seeds` does not hold B seeds.
     """
     check_sampling(temperature, top_k, top_p)
+    if seeds is None:
+        seeds = torch.randint(2**62, (batch_size,), generator=_on_cpu(generator)).tolist()
+    elif len(seeds) != batch_size:
+        raise ValueError(f"seeds must hold {batch_size} seeds, one per sentence, got {len(seeds)}")
+    device = max_lengths.device
+    streams = [torch.Generator(device=device).manual_seed(int(seed)) for seed in seeds]
     never: Tensor | None = None  # (k,) ids that are not words
 
-    def draw(logits: Tensor) -> Tensor:
+    def draw(logits: Tensor, sentences: Tensor) -> Tensor:
         nonlocal never
         if never is None:
             ids = [i for i in (PAD_ID, bos_id) if i != eos_id and i < logits.size(-1)]
             never = torch.tensor(ids, dtype=torch.long, device=logits.device)
         words = logits.index_fill(-1, never, float("-inf"))  # (N, V)
-        kept = filter_logits(words / temperature, top_k, top_p)  # (N, V)
-        probs = kept.softmax(dim=-1)  # (N, V)
-        return torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (N,)
+        probs = filter_logits(words / temperature, top_k, top_p).softmax(dim=-1)  # (N, V)
+        race = torch.empty_like(probs)  # (N, V) one Exp(1) time per token, from each stream
+        for row, sentence in enumerate(sentences.tolist()):
+            race[row].exponential_(generator=streams[sentence])
+        # Exp(1) is 0 with probability 2^-24 or less; a floor keeps p / E a number.
+        return _argmax(probs / race.clamp_min_(torch.finfo(race.dtype).tiny))  # (N,)
 
     return _decode_paths(decoder, batch_size, max_lengths, draw, bos_id, eos_id)
+
+
+def _on_cpu(generator: torch.Generator | None) -> torch.Generator | None:
+    """`generator` if it draws on the CPU, else a CPU generator seeded from it."""
+    if generator is None or generator.device.type == "cpu":
+        return generator
+    seed = int(torch.randint(2**62, (1,), generator=generator, device=generator.device))
+    return torch.Generator().manual_seed(seed)
 
 
 def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
@@ -236,7 +265,7 @@ def _decode_paths(
         batch_size: B.
         max_lengths: (B,) long, budget of generated tokens per sentence (EOS included), on the
             decoder's device.
-        choose: next-token logits (N, V) -> next tokens (N,).
+        choose: next-token logits (N, V) and each row's sentence (N,) -> next tokens (N,).
         bos_id: token fed at the first step.
         eos_id: token that ends a sentence.
 
@@ -260,7 +289,7 @@ def _decode_paths(
 
     step = 0
     while sentences.numel() > 0:
-        tokens = choose(decoder.step(tokens))  # (N,)
+        tokens = choose(decoder.step(tokens), sentences)  # (N,)
         step += 1
         ended = tokens == eos_id  # (N,)
         generated[sentences, step - 1] = tokens  # (N,)

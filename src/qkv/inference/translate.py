@@ -73,9 +73,10 @@ def translate_ids(
 ) -> list[list[int]]:
     """Translate token-id sequences (no BOS/EOS) into target ids (no BOS/EOS), in input order.
 
-    Batches go to `options.workers` processes on a CPU (see `workers.py`); the output does not
-    depend on how many: each batch samples from its own generator, seeded from `options.seed`
-    and the batch's place. With `progress`, a bar of sentences done is drawn on stderr when
+    Batches go to `options.workers` processes on a CPU (see `workers.py`). When sampling, each
+    sentence draws from a random stream of its own, seeded from `options.seed` and its place
+    in `sources`, so its translation depends on neither the workers, nor the batching, nor the
+    other sentences. With `progress`, a bar of sentences done is drawn on stderr when
     stderr is a terminal. With `options.bf16`, a bfloat16 copy of the model decodes; `model`
     itself is left as it is.
     """
@@ -91,8 +92,8 @@ def translate_ids(
     ]
     graphs = SearchGraphs(model) if options.cuda_graphs and device.type == "cuda" else None
     seeds = torch.randint(
-        2**62, (len(batches),), generator=torch.Generator().manual_seed(options.seed)
-    ).tolist()
+        2**62, (len(sources),), generator=torch.Generator().manual_seed(options.seed)
+    ).tolist()  # one per sentence
 
     def decode(index: int) -> list[list[int]]:
         rows = batches[index]
@@ -100,8 +101,7 @@ def translate_ids(
         src = torch.full((len(rows), width), PAD_ID, dtype=torch.long)  # (B, S)
         for j, r in enumerate(rows):
             src[j, : len(sources[r])] = torch.tensor(sources[r])
-        generator = torch.Generator(device=device).manual_seed(seeds[index])
-        return _decode_batch(model, src.to(device), options, generator, graphs)
+        return _decode_batch(model, src.to(device), options, [seeds[r] for r in rows], graphs)
 
     found_batches = map_in_workers(decode, len(batches), options.workers)
     with tqdm(total=len(todo), unit="sent", disable=None if progress else True, leave=False) as bar:
@@ -117,11 +117,12 @@ def _decode_batch(
     model: Seq2SeqTransformer,
     src: torch.Tensor,
     options: DecodeOptions,
-    generator: torch.Generator,
+    seeds: list[int],
     graphs: SearchGraphs | None,
 ) -> list[list[int]]:
-    """Sources (B, S), padded, on the model's device -> B lists of target ids. With `graphs`
-    (on a GPU), greedy and beam search run as replays of graphs kept across batches."""
+    """Sources (B, S), padded, on the model's device -> B lists of target ids. `seeds`: one per
+    sentence, for sampling. With `graphs` (on a GPU), greedy and beam search run as replays of
+    graphs kept across batches."""
     batch = src.size(0)
     src_lengths = (src != PAD_ID).sum(1)  # (B,)
     limit = model.config.max_len - 1
@@ -138,7 +139,8 @@ def _decode_batch(
     )
     if options.sampling:
         top_k, top_p = options.top_k, options.top_p
-        return sample(decoder, batch, max_lengths, options.temperature, top_k, top_p, generator)
+        temperature = options.temperature
+        return sample(decoder, batch, max_lengths, temperature, top_k, top_p, seeds=seeds)
     if options.beam_size > 1:
         found = beam_search(decoder, batch, options.beam_size, max_lengths, options.alpha)
         return [hyps[0].tokens for hyps in found]
