@@ -93,6 +93,8 @@ TRAIN_DATA = {
     "empty file": ("empty_file", "empty_file/train.en", None),
     "no validation files": ("no_val", "no_val", None),
     "a file, not a directory": ("good/train.de", "good/train.de", None),
+    "train.de is a directory": ("dir_as_file", "dir_as_file/train.de", None),
+    "lines ended by CR alone": ("cr_only", "cr_only/train.de", None),
 }
 
 
@@ -170,6 +172,7 @@ INPUTS = {
     "truncated gzip": ("truncated.de.gz", None),
     "missing file": ("missing.de", None),
     "a directory": (".", None),
+    "lines ended by CR alone": ("cr_only.de", None),
 }
 
 
@@ -259,6 +262,38 @@ def test_translate_and_evaluate_in_bf16(
     assert cli("evaluate", translation_run, *options) == 0
     scores = json.loads(capsys.readouterr().out)
     assert scores["bf16"] is True and 0.0 <= scores["bleu"] <= 100.0
+
+
+def test_line_ends_and_invisible_lines_do_not_reach_the_model(
+    capsys: pytest.CaptureFixture[str], translation_run: Path
+) -> None:
+    outputs = []
+    for name in ("src.de", "crcrlf.de", "invisible.de"):
+        assert cli("translate", translation_run, "--input", TEXT / name) == 0
+        outputs.append(capsys.readouterr().out.split("\n")[:-1])
+    plain, converted_twice, invisible = outputs
+    assert converted_twice == plain and "\r" not in "".join(plain)
+    assert invisible[1:3] == ["", ""] and len(invisible) == 4
+    assert [invisible[0], invisible[3]] == [plain[0], plain[3]]
+
+
+def test_a_validation_pair_longer_than_the_model_is_cut_to_fit(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    tiny = ["--preset", "tiny", "vocab_size=100", "max_tokens=512", "max_steps=2", "eval_every=2"]
+    data, run = TRANSLATION / "long_val", tmp_path / "run"
+    code, err = qkv(capsys, "train", "translation", "--data", data, "--out", run, *tiny)
+    assert code == 0, err
+    assert (run / "model.safetensors").is_file()
+
+
+def test_attention_refuses_text_that_is_not_utf8(
+    capsys: pytest.CaptureFixture[str], translation_run: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "a.png"
+    code, err = qkv(capsys, "attention", translation_run, "ein \udcff hund", "--out", out)
+    assert code == 2 and err == "qkv: the sentence to draw attention for is not valid UTF-8 text\n"
+    assert not out.exists()
 
 
 def test_sampling_is_reproducible_by_its_seed(
@@ -501,8 +536,13 @@ LABELLED_FILES = {
     "unknown format": ("unknown_format.xml", None),
     "no records": ("empty.jsonl", None),
     "missing file": ("missing.jsonl", None),
+    "lone surrogate in a text": ("surrogate_text.jsonl", 3),
+    "lone surrogate in a label": ("surrogate_label.jsonl", 4),
+    "invisible text": ("invisible_text.jsonl", 3),
+    "text empty once cleaned": ("breaks_only.csv", 5),
 }
 TEXT_ONLY_OK = {"missing_field.jsonl", "empty_label.jsonl", "bool_label.jsonl"}
+TEXT_ONLY_OK |= {"surrogate_label.jsonl"}
 TEXT_ONLY_OK |= {"missing_column.tsv", "unknown_format.xml"}  # has "text"; plain lines
 
 

@@ -85,6 +85,16 @@ def make_translation() -> None:
     translation_dir("not_gzip", train_de_gz=lines(six["de"]))
     translation_dir("empty_file", train_en=b"")
     translation_dir("no_val", val_de=None, val_en=None)
+    translation_dir("cr_only", train_de=b"\r".join(w.encode() for w in six["de"]) + b"\r")
+    translation_dir("dir_as_file", train_de=None)  # train.de is a directory, made below
+    write(ROOT / "translation" / "dir_as_file" / "train.de" / "README", b"not a file\n")
+    long_val = sentences(3, seed=2)
+    long_val["de"][1] = " ".join(["mann"] * 300)
+    long_val["en"][1] = " ".join(["man"] * 300)
+    write(ROOT / "translation" / "long_val" / "train.de", lines(train["de"]))
+    write(ROOT / "translation" / "long_val" / "train.en", lines(train["en"]))
+    write(ROOT / "translation" / "long_val" / "val.de", lines(long_val["de"]))
+    write(ROOT / "translation" / "long_val" / "val.en", lines(long_val["en"]))
 
 
 def make_text() -> None:
@@ -97,6 +107,11 @@ def make_text() -> None:
     write(ROOT / "text" / "empty.de", b"")
     packed = gzip_bytes(lines(val["de"]))
     write(ROOT / "text" / "truncated.de.gz", packed[:-12])
+    write(ROOT / "text" / "cr_only.de", "\r".join(val["de"]).encode() + b"\r")
+    crlf = "".join(line + "\r\r\n" for line in val["de"]).encode()  # CRLF converted twice
+    write(ROOT / "text" / "crcrlf.de", crlf)
+    invisible = [val["de"][0], "\u200b\u200b", "\u200d \ufeff", val["de"][3]]
+    write(ROOT / "text" / "invisible.de", lines(invisible))
 
 
 def jsonl(records: list[object]) -> bytes:
@@ -129,6 +144,15 @@ def make_labelled() -> None:
     write(out / "missing_column.tsv", b"text\tsentiment\nfine film\tpos\n")
     write(out / "unknown_format.xml", b"<review label='pos'>fine film</review>\n")
     write(out / "empty.jsonl", b"\n\n")
+    surrogate = {"text": "bad \ud800 text", "label": "pos"}
+    write(out / "surrogate_text.jsonl", jsonl(good[:2]) + json.dumps(surrogate).encode() + b"\n")
+    surrogate = {"text": "fine", "label": "\udc80pos"}
+    write(out / "surrogate_label.jsonl", jsonl(good[:3]) + json.dumps(surrogate).encode() + b"\n")
+    write(
+        out / "invisible_text.jsonl", jsonl([*good[:2], {"text": "\u200b\u200b", "label": "pos"}])
+    )
+    # the record on line 5 is nothing once its HTML line breaks are cleaned away
+    write(out / "breaks_only.csv", b'text,label\n"great\nmovie\nreally",pos\n"<br /><br/>",neg\n')
 
 
 def main() -> None:

@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from qkv.data.readers import find_split, read_labelled, read_lines, read_parallel, read_texts
+from qkv.data.readers import (
+    find_split,
+    is_blank,
+    read_labelled,
+    read_lines,
+    read_parallel,
+    read_texts,
+)
 from qkv.errors import DataError
 
 
@@ -37,6 +44,47 @@ def test_read_lines_drops_byte_order_mark(tmp_path: Path) -> None:
 def test_read_lines_splits_on_newline_only(tmp_path: Path) -> None:
     path = write(tmp_path / "u2028.txt", "one\u2028still one\ntwo\n")
     assert read_lines(path) == ["one\u2028still one", "two"]
+
+
+def test_carriage_returns_that_end_a_line_are_all_dropped(tmp_path: Path) -> None:
+    path = write(tmp_path / "twice.txt", "Ein Mann.\r\r\nZwei\r\n\r\r\n")  # CRLF converted twice
+    assert read_lines(path, allow_empty=True) == ["Ein Mann.", "Zwei", ""]
+
+
+def test_lines_ended_by_carriage_returns_alone_are_refused(tmp_path: Path) -> None:
+    path = write(tmp_path / "mac.txt", "Ein Mann.\rZwei Hunde.\r")
+    with pytest.raises(DataError, match="carriage return alone") as error:
+        read_lines(path)
+    assert_data_error(error, path, None)
+    assert read_lines(write(tmp_path / "one.txt", "one line\r")) == ["one line"]
+
+
+@pytest.mark.parametrize(
+    ("text", "blank"),
+    [
+        ("", True),
+        (" \t", True),
+        ("\u200b\u200d\ufeff \u200e", True),
+        ("a\u200b", False),
+        ("\u0301", False),
+    ],
+)
+def test_blank_means_nothing_visible(text: str, blank: bool) -> None:
+    assert is_blank(text) is blank
+
+
+def test_invisible_lines_are_empty_lines(tmp_path: Path) -> None:
+    path = write(tmp_path / "zw.txt", "one\n\u200b\u200b\nthree\n")
+    with pytest.raises(DataError, match="empty line") as error:
+        read_lines(path)
+    assert_data_error(error, path, 2)
+
+
+def test_bad_utf8_column_counts_characters(tmp_path: Path) -> None:
+    path = write(tmp_path / "col.de", "Ein Mann.\nschön größer ".encode() + b"\xe4 x\n")
+    with pytest.raises(DataError, match=r"byte 0xe4 at column 14\)") as error:
+        read_lines(path)
+    assert_data_error(error, path, 2)
 
 
 def test_bad_utf8_reports_line_three(tmp_path: Path) -> None:
@@ -247,3 +295,39 @@ def test_table_problems_are_described_briefly(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="missing column 'text'") as error:
         read_labelled(path)
     assert len(str(error.value)) < 200
+
+
+@pytest.mark.parametrize(
+    ("record", "field"),
+    [
+        ('{"text": "bad \\ud800 text", "label": "a"}', "text"),
+        ('{"text": "ok", "label": "\\udc80"}', "label"),
+    ],
+)
+def test_a_lone_surrogate_is_not_text(tmp_path: Path, record: str, field: str) -> None:
+    path = write(tmp_path / "s.jsonl", '{"text": "fine", "label": "a"}\n' + record + "\n")
+    with pytest.raises(
+        DataError,
+        match=f"'{field}' holds U\\+D[8C]",
+    ) as error:
+        read_labelled(path)
+    assert_data_error(error, path, 2)
+
+
+def test_a_text_blank_once_cleaned_is_refused_at_its_line(tmp_path: Path) -> None:
+    path = write(tmp_path / "c.csv", 'text,label\n"great\nfilm",a\n"<br/>",b\n')
+    assert read_labelled(path)[0] == ["great\nfilm", "<br/>"]
+    clean = lambda text: text.replace("<br/>", " ")  # noqa: E731
+    with pytest.raises(DataError, match="'text' is empty once cleaned") as error:
+        read_labelled(path, clean=clean)
+    assert_data_error(error, path, 4)
+    with pytest.raises(DataError, match="empty once cleaned") as error:
+        read_texts(path, clean=clean)
+    assert_data_error(error, path, 4)
+
+
+def test_find_split_says_when_a_split_is_a_directory(tmp_path: Path) -> None:
+    (tmp_path / "train.de").mkdir()
+    with pytest.raises(DataError, match="is a directory") as error:
+        find_split(tmp_path, "train", "de")
+    assert_data_error(error, tmp_path / "train.de", None)

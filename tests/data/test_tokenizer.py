@@ -69,6 +69,13 @@ def test_unknown_characters_become_unk(tokenizer: Tokenizer) -> None:
     assert UNK_ID in tokenizer.encode("Hund ☃")
 
 
+def test_text_with_half_a_surrogate_pair_is_named(tokenizer: Tokenizer) -> None:
+    with pytest.raises(ValueError, match=r"text 2 is not valid text: it holds U\+DCFF"):
+        tokenizer.encode_batch(["ein hund", "ein \udcff hund"])
+    with pytest.raises(ValueError, match="U\\+D800"):
+        tokenizer.encode("\ud800")
+
+
 def test_lowercase_option() -> None:
     lower = Tokenizer.train(corpus(100), vocab_size=200, lowercase=True)
     assert lower.decode(lower.encode("Zwei Männer")) == "zwei männer"

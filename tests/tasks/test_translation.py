@@ -21,4 +21,4 @@ def test_settings_out_of_range(field: str, value: int) -> None:
 def test_a_max_len_that_leaves_no_training_pair_is_an_error(tmp_path: Path) -> None:
     data = TranslationData(data_dir=str(GOOD), vocab_size=100, max_len=1)
     with pytest.raises(DataError, match=r"train\.de: no training pair is left: all \d+ are longer"):
-        prepare(data, tmp_path, None)
+        prepare(data, tmp_path, None, 256)

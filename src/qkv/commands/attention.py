@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from qkv.data.readers import is_blank
 from qkv.errors import CheckpointError, ConfigError
 
 ENCODER_SELF, DECODER_SELF, CROSS = "encoder self", "decoder self", "cross"
@@ -143,8 +144,12 @@ def sentence_attention(run_dir: str | Path, text: str) -> SentenceAttention:
     """
     from qkv.run import RunConfig
 
-    if not text.strip():
+    if is_blank(text):
         raise ConfigError("the sentence to draw attention for is empty")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError("the sentence to draw attention for is not valid UTF-8 text") from None
     run_dir = Path(run_dir)
     task = RunConfig.load(run_dir).task
     if task == "translation":

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from qkv.cli import print_json
 from qkv.commands.io import input_lines
-from qkv.data.readers import read_labelled, read_texts
+from qkv.data.readers import is_blank, read_labelled, read_texts
 from qkv.errors import ConfigError, DataError
 
 
@@ -17,12 +17,14 @@ def run(args: argparse.Namespace) -> int:
     from qkv.tasks.classification import clean_text
 
     classifier = Classifier.load(args.run_dir)
-    field = classifier.data.text_field
-    texts = read_texts(Path(args.input), text_field=field) if args.input else input_lines(None)
-    empty = [i + 1 for i, t in enumerate(texts) if not clean_text(t)]
-    if empty:
-        where = args.input or "<stdin>"
-        raise DataError(where, "empty text (nothing but spaces or line breaks)", empty[0])
+    if args.input:
+        field = classifier.data.text_field
+        texts = read_texts(Path(args.input), text_field=field, clean=clean_text)
+    else:
+        texts = input_lines(None)
+        empty = [i + 1 for i, t in enumerate(texts) if is_blank(clean_text(t))]
+        if empty:
+            raise DataError("<stdin>", "empty text (nothing but spaces or line breaks)", empty[0])
     for text, (label, prob) in zip(texts, classifier.predict(texts), strict=True):
         if args.json:
             print(
@@ -39,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
 def evaluate_classification(args: argparse.Namespace) -> int:
     from qkv.evaluation.classification import score_classification
     from qkv.inference.classifier import Classifier
+    from qkv.tasks.classification import clean_text
 
     if not args.data:
         raise ConfigError("evaluate on a classification run needs --data FILE")
@@ -50,6 +53,7 @@ def evaluate_classification(args: argparse.Namespace) -> int:
         text_field=data.text_field,
         label_field=data.label_field,
         known_labels=index,
+        clean=clean_text,
     )
     predicted = classifier.probabilities(texts).argmax(-1).tolist()
     scores = score_classification([index[g] for g in gold], predicted, classifier.labels)

@@ -20,7 +20,7 @@ def input_lines(path: str | None) -> list[str]:
         data = sys.stdin.buffer.read()
     except OSError as error:
         raise DataError("<stdin>", f"unreadable ({error})") from None
-    return split_lines(decode_utf8(data, "<stdin>").removeprefix("\ufeff"))
+    return split_lines(decode_utf8(data, "<stdin>").removeprefix("\ufeff"), "<stdin>")
 
 
 def check_output(path: str | None) -> None:

@@ -11,8 +11,9 @@ import csv
 import gzip
 import io
 import json
+import unicodedata
 import zlib
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 from qkv.errors import DataError
@@ -32,21 +33,28 @@ def read_lines(path: str | Path, *, allow_empty: bool = False) -> list[str]:
 
     Args:
         path: a UTF-8 text file, optionally gzip-compressed (recognised by its magic bytes).
-        allow_empty: accept empty or whitespace-only lines instead of rejecting them.
+        allow_empty: accept blank lines (see `is_blank`) instead of rejecting them.
 
     Returns:
-        The lines without their trailing "\\n" or "\\r\\n".
+        The lines without their trailing "\\n" and carriage returns.
 
     Raises:
-        DataError: the file is missing, unreadable, empty, not UTF-8, a corrupt gzip, or has an
-            empty line while `allow_empty` is False.
+        DataError: the file is missing, unreadable, empty, not UTF-8, a corrupt gzip, has its
+            lines ended by carriage returns alone, or has a blank line while `allow_empty` is
+            False.
     """
-    lines = split_lines(_read_utf8(path))
+    lines = split_lines(_read_utf8(path), path)
     if not allow_empty:
         for number, line in enumerate(lines, start=1):
-            if not line.strip():
+            if is_blank(line):
                 raise DataError(path, "empty line", line=number)
     return lines
+
+
+def is_blank(text: str) -> bool:
+    """Whether `text` shows nothing: only whitespace and invisible format characters (zero-width
+    spaces and joiners, direction marks, byte-order marks)."""
+    return all(c.isspace() or unicodedata.category(c) == "Cf" for c in text)
 
 
 def find_split(data_dir: str | Path, split: str, lang: str) -> Path:
@@ -61,14 +69,17 @@ def find_split(data_dir: str | Path, split: str, lang: str) -> Path:
         The first of `{split}.{lang}` and `{split}.{lang}.gz` that exists.
 
     Raises:
-        DataError: `data_dir` is not a directory, or neither file exists.
+        DataError: `data_dir` is not a directory, neither file exists, or the first that exists
+            is a directory.
     """
     directory = Path(data_dir)
     if not directory.is_dir():
         raise DataError(directory, "not a directory")
     candidates = [directory / f"{split}.{lang}", directory / f"{split}.{lang}.gz"]
     for candidate in candidates:
-        if candidate.is_file():
+        if candidate.is_dir():
+            raise DataError(candidate, A_DIRECTORY)
+        if candidate.exists():
             return candidate
     looked_for = ", ".join(candidate.name for candidate in candidates)
     raise DataError(directory, f"no {split} file for language '{lang}' (looked for {looked_for})")
@@ -100,6 +111,7 @@ def read_labelled(
     text_field: str = "text",
     label_field: str = "label",
     known_labels: Collection[str] | None = None,
+    clean: Callable[[str], str] | None = None,
 ) -> tuple[list[str], list[str]]:
     """Reads a text-classification file.
 
@@ -112,18 +124,20 @@ def read_labelled(
         text_field: the field or column with the text.
         label_field: the field or column with the label.
         known_labels: the labels allowed (named in this order by the error), or None for any.
+        clean: how the texts will be cleaned before use; a text blank once cleaned is refused.
 
     Returns:
         (texts, labels), labels as strings: a JSON 1 becomes "1".
 
     Raises:
-        DataError: unknown format, a malformed record, a missing field, an empty text or label,
-            a label not in `known_labels`, or no records at all.
+        DataError: unknown format, a malformed record, a missing field, a blank text or label,
+            text that is not Unicode (a lone surrogate from a JSON escape), a label not in
+            `known_labels`, or no records at all.
     """
     texts: list[str] = []
     labels: list[str] = []
     for line, (text, label) in _read_records(path, (text_field, label_field)):
-        texts.append(_check_text(path, text, text_field, line))
+        texts.append(_check_text(path, text, text_field, line, clean))
         labels.append(_check_label(path, label, label_field, line))
         if known_labels is not None and labels[-1] not in known_labels:
             known = ", ".join(known_labels)
@@ -131,19 +145,26 @@ def read_labelled(
     return texts, labels
 
 
-def read_texts(path: str | Path, *, text_field: str = "text") -> list[str]:
+def read_texts(
+    path: str | Path, *, text_field: str = "text", clean: Callable[[str], str] | None = None
+) -> list[str]:
     """Reads texts to predict on.
 
     A ".jsonl"/".json" file gives the `text_field` field of each object, a ".csv"/".tsv" file
     its `text_field` column; any other file gives one text per line.
 
+    Args:
+        clean: how the texts will be cleaned before use; a text blank once cleaned is refused.
+
     Raises:
-        DataError: the file is bad, a text is missing or empty.
+        DataError: the file is bad, a text is missing, blank (once cleaned) or not Unicode.
     """
+    records: list[tuple[int, list[object]]]
     if _format_suffix(Path(path)) not in LABELLED_FORMATS:
-        return read_lines(path)
-    records = _read_records(path, (text_field,))
-    return [_check_text(path, text, text_field, line) for line, (text,) in records]
+        records = [(number, [line]) for number, line in enumerate(read_lines(path), start=1)]
+    else:
+        records = _read_records(path, (text_field,))
+    return [_check_text(path, text, text_field, line, clean) for line, (text,) in records]
 
 
 def _read_utf8(path: str | Path) -> str:
@@ -162,13 +183,15 @@ def decode_utf8(data: bytes, path: str | Path) -> str:
     """`data` as UTF-8 text.
 
     Raises:
-        DataError: naming `path` and the line, column and byte of the first invalid sequence.
+        DataError: naming `path` and the line, column (in characters, as an editor counts
+            them) and byte of the first invalid sequence.
     """
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
         line = data.count(b"\n", 0, error.start) + 1
-        column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
+        line_start = data.rfind(b"\n", 0, error.start) + 1
+        column = len(data[line_start : error.start].decode("utf-8")) + 1  # valid up to the error
         byte = data[error.start]
         raise DataError(
             path, f"invalid UTF-8 (byte 0x{byte:02x} at column {column})", line=line
@@ -198,12 +221,23 @@ def _read_bytes(path: Path) -> bytes:
     return data
 
 
-def split_lines(text: str) -> list[str]:
-    """Lines of `text`, split on "\\n" only (see `read_lines`), without "\\r" endings."""
+def split_lines(text: str, path: str | Path) -> list[str]:
+    """Lines of `text`, read from `path`, split on "\\n" only (see `read_lines`), without the
+    carriage returns that end them ("\\r\\n", and "\\r\\r\\n" from a file converted twice).
+
+    Raises:
+        DataError: the text has carriage returns inside but no "\\n": lines ended the way of
+            the classic Mac OS, which would read as one line.
+    """
     lines = text.split("\n")
     if lines[-1] == "":
         lines.pop()
-    return [line.removesuffix("\r") for line in lines]
+    lines = [line.rstrip("\r") for line in lines]
+    if len(lines) == 1 and "\r" in lines[0]:
+        raise DataError(
+            path, "lines end in a carriage return alone (classic Mac OS); convert them to \\n"
+        )
+    return lines
 
 
 def _format_suffix(path: Path) -> str:
@@ -232,8 +266,8 @@ def _read_records(path: str | Path, fields: Sequence[str]) -> list[tuple[int, li
 
 def _read_json_lines(path: str | Path, fields: Sequence[str]) -> list[tuple[int, list[object]]]:
     records: list[tuple[int, list[object]]] = []
-    for number, line in enumerate(split_lines(_read_utf8(path)), start=1):
-        if not line.strip():
+    for number, line in enumerate(split_lines(_read_utf8(path), path), start=1):
+        if is_blank(line):
             continue
         try:
             record = json.loads(line)
@@ -289,12 +323,28 @@ def _column_position(path: str | Path, columns: list[str], field: str) -> int:
     return columns.index(field)
 
 
-def _check_text(path: str | Path, value: object, field: str, line: int) -> str:
+def _check_text(
+    path: str | Path, value: object, field: str, line: int, clean: Callable[[str], str] | None
+) -> str:
     if not isinstance(value, str):
         raise DataError(path, f"'{field}' must be a string, got {type(value).__name__}", line=line)
-    if not value.strip():
+    _check_unicode(path, value, field, line)
+    if is_blank(value):
         raise DataError(path, f"empty '{field}'", line=line)
+    if clean is not None and is_blank(clean(value)):
+        raise DataError(path, f"'{field}' is empty once cleaned: {_short_text(value)!r}", line=line)
     return value
+
+
+def _check_unicode(path: str | Path, value: str, field: str, line: int) -> None:
+    """Refuse a lone surrogate (a JSON escape such as \\ud800 that no character matches)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        code = ord(value[error.start])
+        raise DataError(
+            path, f"'{field}' holds U+{code:04X}, half of a surrogate pair, not text", line=line
+        ) from None
 
 
 def _check_label(path: str | Path, value: object, field: str, line: int) -> str:
@@ -303,7 +353,8 @@ def _check_label(path: str | Path, value: object, field: str, line: int) -> str:
             path, f"'{field}' must be a string or integer, got {type(value).__name__}", line=line
         )
     label = str(value).strip()
-    if not label:
+    _check_unicode(path, label, field, line)
+    if is_blank(label):
         raise DataError(path, f"empty '{field}'", line=line)
     return label
 

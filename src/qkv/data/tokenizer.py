@@ -136,12 +136,34 @@ class Tokenizer:
         return self._hf.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of one text, without BOS, EOS or CLS."""
-        return self._hf.encode(text, add_special_tokens=False).ids
+        """Token ids of one text, without BOS, EOS or CLS.
+
+        Raises:
+            ValueError: if the text is not Unicode (it holds half of a surrogate pair).
+        """
+        return self.encode_batch([text])[0]
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """Token ids of many texts, encoded in parallel; same result as `encode` on each."""
-        encodings = self._hf.encode_batch_fast(list(texts), add_special_tokens=False)
+        """Token ids of many texts, encoded in parallel; same result as `encode` on each.
+
+        Raises:
+            ValueError: if a text is not Unicode (it holds half of a surrogate pair, as an
+                undecodable byte of a command-line argument or a JSON escape such as \\ud800
+                does), naming the first such text.
+        """
+        try:
+            encodings = self._hf.encode_batch_fast(list(texts), add_special_tokens=False)
+        except TypeError:
+            for number, text in enumerate(texts, start=1):
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError as error:
+                    code = ord(text[error.start])
+                    raise ValueError(
+                        f"text {number} is not valid text: it holds U+{code:04X}, half of a "
+                        "surrogate pair (an undecodable byte?)"
+                    ) from None
+            raise
         return [encoding.ids for encoding in encodings]
 
     def decode(self, ids: Sequence[int]) -> str:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from qkv.data.readers import is_blank
 from qkv.data.tokenizer import Tokenizer
 from qkv.errors import CheckpointError
 from qkv.inference.translate import DecodeOptions, translate_ids
@@ -60,7 +61,8 @@ class Translator:
     ) -> list[str]:
         """Translate sentences; options are `DecodeOptions` fields (alpha, max_len_a, ...).
 
-        Empty and whitespace-only sentences translate to empty strings, in their places. With
+        Blank sentences (nothing but whitespace and invisible characters such as zero-width
+        spaces) translate to empty strings, in their places. With
         `progress`, a bar of sentences done is drawn on stderr when stderr is a terminal.
 
         Raises:
@@ -72,6 +74,6 @@ class Translator:
             kinds = sorted({type(s).__name__ for s in sentences if not isinstance(s, str)})
             raise TypeError(f"sentences must be strings, got {', '.join(kinds)}")
         decode = DecodeOptions(beam_size=beam_size, **options)  # type: ignore[arg-type]
-        texts = [s if s.strip() else "" for s in sentences]
+        texts = ["" if is_blank(s) else s for s in sentences]
         found = translate_ids(self.model, self.encode(texts), decode, self.device, progress)
         return self.tokenizer.decode_batch(found)

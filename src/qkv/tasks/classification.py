@@ -161,7 +161,10 @@ def prepare(
 ) -> tuple[Tokenizer, dict[str, list[list[int]]], ClassificationData]:
     """Read, split, train (or reuse) the tokenizer, tokenize once and cache."""
     texts, labels = read_labelled(
-        Path(data.train_file), text_field=data.text_field, label_field=data.label_field
+        Path(data.train_file),
+        text_field=data.text_field,
+        label_field=data.label_field,
+        clean=clean_text,
     )
     if not data.valid_file:
         texts, labels, valid_texts, valid_labels = _split(
@@ -177,6 +180,7 @@ def prepare(
             text_field=data.text_field,
             label_field=data.label_field,
             known_labels=names,
+            clean=clean_text,
         )
     elif unknown := sorted(set(valid_labels) - set(names)):
         raise DataError(

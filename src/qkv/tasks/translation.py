@@ -71,7 +71,9 @@ class TranslationTask:
     ) -> None:
         self.model, self.tokenizer, self.train_config = model, tokenizer, train
         self.src, self.tgt = corpora["train.src"], corpora["train.tgt"]
-        self.valid_src, self.valid_tgt = corpora["valid.src"], corpora["valid.tgt"]
+        self.valid_src, self.valid_tgt = _fit_validation(
+            corpora["valid.src"], corpora["valid.tgt"], model.config.max_len
+        )
         self.valid_refs = valid_refs
         self.label_smoothing = label_smoothing
         self.lengths = pair_lengths(self.src, self.tgt)
@@ -103,11 +105,15 @@ class TranslationTask:
 
     def evaluate(self, device: torch.device) -> dict[str, float]:
         total, count = 0.0, 0
-        lengths = pair_lengths(self.valid_src, self.valid_tgt)
+        scored = [i for i, ids in enumerate(self.valid_src) if ids]  # a loss needs a source
+        lengths = pair_lengths(
+            [self.valid_src[i] for i in scored], [self.valid_tgt[i] for i in scored]
+        )
         budget = self.train_config.max_tokens
         for batch in token_budget_batches(lengths, budget, shuffle=False, seed=0, epoch=0):
+            rows = [scored[i] for i in batch]
             pairs = collate_pairs(
-                [self.valid_src[i] for i in batch], [self.valid_tgt[i] for i in batch]
+                [self.valid_src[i] for i in rows], [self.valid_tgt[i] for i in rows]
             ).to(device)
             states = self.model.hidden(pairs.src, pairs.tgt_in)
             logits, labels = nonpad_logits(self.model.output, states, pairs.labels, PAD_ID)
@@ -123,10 +129,28 @@ class TranslationTask:
         }
 
 
+def _fit_validation(
+    src: list[list[int]], tgt: list[list[int]], max_len: int
+) -> tuple[list[list[int]], list[list[int]]]:
+    """Validation pairs cut to what a model of `max_len` positions reads: a source of max_len
+    tokens, a target of max_len - 1 (and BOS or EOS). Their BLEU is still against the whole
+    reference."""
+    long = sum(len(s) > max_len or len(t) >= max_len for s, t in zip(src, tgt, strict=True))
+    if long:
+        print(
+            f"cutting {long} validation pair(s) longer than the model's {max_len} positions; "
+            "they are scored on what fits"
+        )
+    return [s[:max_len] for s in src], [t[: max_len - 1] for t in tgt]
+
+
 def prepare(
-    data: TranslationData, run_dir: Path, tokenizer: Tokenizer | None
+    data: TranslationData, run_dir: Path, tokenizer: Tokenizer | None, model_max_len: int
 ) -> tuple[Tokenizer, dict[str, list[list[int]]], list[str]]:
-    """Read and validate the text, train (or reuse) the tokenizer, tokenize once and cache."""
+    """Read and validate the text, train (or reuse) the tokenizer, tokenize once and cache.
+
+    Training pairs longer than `data.max_len` or than the model's positions
+    (`model_max_len`) are skipped."""
     directory = Path(data.data_dir)
     train_src_path = find_split(directory, "train", data.src)
     train_src, train_tgt = read_parallel(train_src_path, find_split(directory, "train", data.tgt))
@@ -149,21 +173,21 @@ def prepare(
             "valid.src": tokenizer.encode_batch(valid_src),
             "valid.tgt": tokenizer.encode_batch(valid_tgt),
         }
+        limit = min(data.max_len, model_max_len)
         keep = [
             i
             for i, (s, t) in enumerate(zip(corpora["train.src"], corpora["train.tgt"], strict=True))
-            if 0 < len(s) < data.max_len and len(t) < data.max_len
+            if 0 < len(s) < limit and len(t) < limit
         ]
         if not keep:
             raise DataError(
                 train_src_path,
                 f"no training pair is left: all {len(train_src)} are longer than max_len "
-                f"({data.max_len} tokens)",
+                f"({limit} tokens)",
             )
         if len(keep) < len(train_src):
             print(
-                f"skipping {len(train_src) - len(keep)} training pairs longer than "
-                f"{data.max_len} tokens"
+                f"skipping {len(train_src) - len(keep)} training pairs longer than {limit} tokens"
             )
         corpora["train.src"] = [corpora["train.src"][i] for i in keep]
         corpora["train.tgt"] = [corpora["train.tgt"][i] for i in keep]
@@ -194,7 +218,7 @@ def train_translation(
     set_threads(train_config.threads)
     tune_allocator()
     torch.use_deterministic_algorithms(train_config.deterministic)
-    tokenizer, corpora, valid_refs = prepare(data, run_dir, tokenizer)
+    tokenizer, corpora, valid_refs = prepare(data, run_dir, tokenizer, model_config.max_len)
     if not resume:
         model_config = _with_vocab(model_config, tokenizer.vocab_size)
         RunConfig("translation", model_config, train_config, asdict(data)).save(run_dir)
