@@ -6,6 +6,7 @@ directories are made here from a freshly trained tiny run, since they need real 
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import io
 import json
@@ -192,6 +193,17 @@ def test_translate_bad_stdin(
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"ein hund\nzwei\n\xff\n")))
     code, err = qkv(capsys, "translate", translation_run)
     assert_fails(code, err, "<stdin>", 3)
+
+
+def test_translate_reads_gzipped_stdin(
+    capsys: pytest.CaptureFixture[str], translation_run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert cli("translate", translation_run, "--input", TEXT / "src.de") == 0
+    plain = capsys.readouterr().out
+    packed = gzip.compress((TEXT / "src.de").read_bytes())
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(packed)))
+    assert cli("translate", translation_run) == 0
+    assert capsys.readouterr().out == plain
 
 
 @pytest.mark.parametrize(

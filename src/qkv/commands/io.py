@@ -6,21 +6,22 @@ import os
 import sys
 from pathlib import Path
 
-from qkv.data.readers import decode_utf8, read_lines, split_lines
+from qkv.data.readers import decode_utf8, gunzip, read_lines, split_lines
 from qkv.errors import DataError
 from qkv.training.checkpoint import atomic_write_text
 
 
 def input_lines(path: str | None) -> list[str]:
-    """Lines of `path`, or of stdin, split on "\\n" only in both cases; empty lines are kept
-    (they translate to empty lines)."""
+    """Lines of `path`, or of stdin, split on "\\n" only in both cases, gunzipped in both cases
+    when gzipped; empty lines are kept (they translate to empty lines)."""
     if path:
         return read_lines(Path(path), allow_empty=True)
     try:
         data = sys.stdin.buffer.read()
     except OSError as error:
         raise DataError("<stdin>", f"unreadable ({error})") from None
-    return split_lines(decode_utf8(data, "<stdin>").removeprefix("\ufeff"), "<stdin>")
+    text = decode_utf8(gunzip(data, "<stdin>"), "<stdin>")
+    return split_lines(text.removeprefix("\ufeff"), "<stdin>")
 
 
 def check_output(path: str | None) -> None:

@@ -209,16 +209,26 @@ def _read_bytes(path: Path) -> bytes:
     except (OSError, ValueError) as error:
         reason = getattr(error, "strerror", None) or error
         raise DataError(path, f"cannot read file ({reason})") from None
-    if data.startswith(GZIP_MAGIC):
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as error:
-            raise DataError(path, f"corrupt or truncated gzip file ({error})") from None
-    elif path.suffix == ".gz" and data:
+    if path.suffix == ".gz" and data and not data.startswith(GZIP_MAGIC):
         raise DataError(path, "name ends in .gz but the file is not gzip-compressed")
+    data = gunzip(data, path)
     if not data:
         raise DataError(path, "file is empty")
     return data
+
+
+def gunzip(data: bytes, path: str | Path) -> bytes:
+    """`data` decompressed if it is gzipped (by its magic bytes), else as it is.
+
+    Raises:
+        DataError: naming `path`, for a corrupt or truncated gzip stream.
+    """
+    if not data.startswith(GZIP_MAGIC):
+        return data
+    try:
+        return gzip.decompress(data)
+    except (OSError, EOFError, zlib.error) as error:
+        raise DataError(path, f"corrupt or truncated gzip file ({error})") from None
 
 
 def split_lines(text: str, path: str | Path) -> list[str]:
