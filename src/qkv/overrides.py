@@ -32,6 +32,9 @@ def _convert(name: str, text: str, annotation: Any) -> Any:
         if text.lower() in ("none", "null"):
             return None
         return _convert(name, text, options[0])
+    if origin is list:  # comma-separated: labels=neg,pos
+        (item,) = get_args(annotation)
+        return [_convert(name, part.strip(), item) for part in text.split(",") if part.strip()]
     if origin is typing.Literal:
         if text not in get_args(annotation):
             choices = ", ".join(map(str, get_args(annotation)))

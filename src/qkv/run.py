@@ -88,6 +88,8 @@ class RunConfig:
             raise CheckpointError(
                 f"{path}: unknown task {raw.get('task')!r} (expected {' or '.join(TASKS)})"
             )
+        if missing := [name for name in ("model", "train") if name not in raw]:
+            raise CheckpointError(f"{path}: invalid config (no {' or '.join(missing)} section)")
         try:
             return cls(
                 task=raw["task"],
@@ -147,13 +149,13 @@ def load_run_weights(model: nn.Module, run_dir: Path) -> None:
 
     Raises:
         CheckpointError: if they do not fit or are damaged, or if there are none yet (then
-            saying how to go on when the run has checkpoints).
+            saying how to go on).
     """
     path = run_dir / WEIGHTS_FILE
-    if not path.is_file() and any((run_dir / "checkpoints").glob("step-*")):
+    if not path.exists():  # `run_dir` holds a run: the caller loaded its config
         raise CheckpointError(
-            f"{path}: not written yet (training stopped before its first validation); "
-            f"continue it with: qkv train --resume {run_dir}"
+            f"{path}: not written yet (training stopped, or is still, before its first "
+            f"validation); continue it with: qkv train --resume {run_dir}"
         )
     load_weights(model, path)
 

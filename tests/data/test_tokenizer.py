@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -74,6 +78,28 @@ def test_text_with_half_a_surrogate_pair_is_named(tokenizer: Tokenizer) -> None:
         tokenizer.encode_batch(["ein hund", "ein \udcff hund"])
     with pytest.raises(ValueError, match="U\\+D800"):
         tokenizer.encode("\ud800")
+
+
+def test_ctrl_c_while_encoding_is_delivered_even_if_the_rust_code_drops_it(
+    tokenizer: Tokenizer,
+) -> None:
+    class Dropping:  # as the Rust code may: it sees the signal and swallows its exception
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def encode_batch_fast(self, texts: list[str], add_special_tokens: bool) -> Any:
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)
+            except KeyboardInterrupt:
+                pass
+            return self.inner.encode_batch_fast(texts, add_special_tokens=add_special_tokens)
+
+    interrupted = Tokenizer(tokenizer._hf)
+    interrupted._hf = Dropping(tokenizer._hf)  # type: ignore[assignment]
+    with pytest.raises(KeyboardInterrupt):
+        interrupted.encode_batch(["ein hund"])
+    assert tokenizer.encode_batch(["ein hund"])  # and no handler is left behind
 
 
 def test_lowercase_option() -> None:

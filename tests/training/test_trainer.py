@@ -195,6 +195,15 @@ def test_finished_run_resumed_with_a_larger_budget_goes_on_exactly(
     assert_same_weights(weights(resumed), weights(reference))
 
 
+def test_a_resumed_run_takes_its_new_optimiser_settings(tmp_path: Path) -> None:
+    train(tmp_path, max_steps=6)
+    resumed = Trainer(ToyTask(), config(beta1=0.5, beta2=0.7, weight_decay=0.25), tmp_path, CPU)
+    resumed.resume()
+    (group,) = resumed.optimizer.param_groups
+    assert group["betas"] == (0.5, 0.7) and group["weight_decay"] == 0.25
+    assert resumed.progress.step == 6  # the rest of the state is the checkpoint's
+
+
 def test_early_stopped_run_stays_stopped(tmp_path: Path) -> None:
     class NeverBetter(ToyTask):
         def evaluate(self, device: torch.device) -> dict[str, float]:

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 from matplotlib import image as mpimg
+from matplotlib.figure import Figure
 
 from qkv.errors import DataError
+from qkv.viz import curves
 from qkv.viz.curves import plot_curves, read_metrics
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -132,3 +134,47 @@ def test_more_metrics_make_a_bigger_figure(tmp_path: Path) -> None:
     small = plot_curves(write_log(tmp_path / "a.jsonl", only_train), tmp_path / "a.png")
     large = plot_curves(write_log(tmp_path / "b.jsonl", synthetic_log("bleu")), tmp_path / "b.png")
     assert mpimg.imread(large).shape[0] > mpimg.imread(small).shape[0]
+
+
+def drawn_figure(monkeypatch: pytest.MonkeyPatch, log: Path, out: Path) -> Figure:
+    """Plot `log` and return the figure instead of only its file."""
+    drawn: list[Figure] = []
+
+    def keep(figure: Figure, path: str | Path) -> Path:
+        drawn.append(figure)
+        return Path(path)
+
+    monkeypatch.setattr(curves, "save_figure", keep)
+    plot_curves(log, out)
+    return drawn[0]
+
+
+def test_the_checkpoint_average_is_a_star_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    records = synthetic_log("bleu")
+    records.append({"split": "valid", "step": 1000, "averaged": 3, "loss": 0.5, "bleu": 1.0})
+    figure = drawn_figure(monkeypatch, write_log(tmp_path / "m.jsonl", records), tmp_path / "c.png")
+    bleu = next(ax for ax in figure.axes if ax.get_title() == "BLEU")
+    lines = {line.get_label(): line for line in bleu.get_lines()}
+    assert list(lines["valid bleu"].get_ydata()) == [
+        step / 30 for step in (200, 400, 600, 800, 1000)
+    ]
+    assert list(lines["checkpoint average"].get_ydata()) == [1.0]
+    assert lines["checkpoint average"].get_marker() == "*"
+
+
+def test_a_series_of_one_point_is_drawn_as_a_point(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    records = [{"split": "train", "step": 10, "loss": 2.0, "lr": 1e-4}]
+    figure = drawn_figure(monkeypatch, write_log(tmp_path / "m.jsonl", records), tmp_path / "c.png")
+    for ax in figure.axes[:2]:  # loss and learning rate
+        (line,) = ax.get_lines()
+        assert line.get_marker() == "o"
+
+
+def test_a_run_without_metrics_yet_says_so(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}", encoding="utf-8")
+    with pytest.raises(DataError, match="no metrics yet"):
+        read_metrics(tmp_path / "metrics.jsonl")

@@ -9,33 +9,90 @@ from pathlib import Path
 
 from qkv import overrides
 from qkv.errors import ConfigError
-from qkv.run import CONFIG_FILE, RunConfig, run_lock
+from qkv.run import CONFIG_FILE, LOCK_FILE, RunConfig, run_lock
 from qkv.training.trainer import Progress
+
+NOT_FOR = {
+    "translation": {"n_classes", "pooling", "head_dropout"},
+    "classification": {"n_decoder_layers", "tgt_vocab_size", "tie_embeddings"},
+}
+"""Model settings that mean nothing to a task's model."""
+FLAGS = {
+    "translation": ("--data", "--src", "--tgt"),
+    "classification": ("--train", "--valid", "--valid-fraction"),
+}
+"""The flags of `qkv train` that belong to each task."""
 
 
 def run(args: argparse.Namespace) -> int:
     if args.task is not None and "=" in args.task:  # a key=value, not a task
         args.overrides, args.task = [args.task, *args.overrides], None
     if args.resume:
+        flags = ("task", "--out", "--preset", *FLAGS["translation"], *FLAGS["classification"])
+        if given := _given(args, flags):
+            raise ConfigError(
+                f"--resume continues a run with its own settings, so {given[0]} does not apply "
+                "(data that moved: data_dir=, train_file= or valid_file=)"
+            )
         return _resume(Path(args.resume), overrides.parse_pairs(args.overrides))
     if args.task not in ("translation", "classification") or args.out is None:
         raise ConfigError("train needs a task (translation or classification) and --out RUN")
+    other = "classification" if args.task == "translation" else "translation"
+    if given := _given(args, FLAGS[other]):
+        raise ConfigError(f"{given[0]} is for {other}, not {args.task}")
     out = Path(args.out)
     values = overrides.parse_pairs(args.overrides)
-    created = not out.exists()
+    if wrong := sorted(set(values) & NOT_FOR[args.task]):
+        raise ConfigError(f"{', '.join(wrong)} does not apply to {args.task}")
+    if args.task == "classification" and "cls" in values:
+        raise ConfigError("cls follows the pooling: set pooling=cls for a [CLS] token")
+    created, had_lock, began = not out.exists(), (out / LOCK_FILE).exists(), False
     try:
         with run_lock(out):  # checked under the lock: another process may be making it
             if (out / CONFIG_FILE).exists():
                 raise ConfigError(f"{out} already holds a run; continue it with --resume {out}")
+            if foreign := sorted(path.name for path in out.iterdir() if path.name != LOCK_FILE):
+                more = ", ..." if len(foreign) > 3 else ""
+                raise ConfigError(
+                    f"{out} holds files and no run ({', '.join(foreign[:3])}{more}); "
+                    "give a new or empty directory"
+                )
+            began = True
             if args.task == "translation":
                 return _translation(args, out, values)
             from qkv.commands.train_classification import train as train_classification
 
             return train_classification(args, out, values)
     except BaseException:
-        if created and not (out / CONFIG_FILE).exists():  # failed before the run began
-            shutil.rmtree(out, ignore_errors=True)
+        if not (out / CONFIG_FILE).exists():  # failed before the run began: its files go
+            if created:
+                shutil.rmtree(out, ignore_errors=True)
+            elif began:  # the directory was empty: all it holds is this run's
+                _empty(out)
+            elif not had_lock:
+                (out / LOCK_FILE).unlink(missing_ok=True)
         raise
+
+
+def _empty(directory: Path) -> None:
+    """Remove everything inside `directory`, leaving it empty."""
+    for path in directory.iterdir():
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def _given(args: argparse.Namespace, flags: tuple[str, ...]) -> list[str]:
+    """Those of `flags` ("--out", or "task" for the positional one) set to something other
+    than their default."""
+    defaults = {"--src": "de", "--tgt": "en", "--valid-fraction": 0.1}
+    names = {flag: flag.removeprefix("--").replace("-", "_") for flag in flags}
+    return [
+        flag
+        for flag, name in names.items()
+        if getattr(args, name, None) not in (None, defaults.get(flag))
+    ]
 
 
 DATA_PATHS = ("data_dir", "train_file", "valid_file")
@@ -64,6 +121,9 @@ def _resume_locked(run_dir: Path, run: RunConfig, values: dict[str, str]) -> int
             )
     if values:
         run.train, rest = overrides.apply(run.train, values)
+        unknown = sorted(set(rest) - set(run.data) - set(run.model.to_dict()))
+        if unknown:
+            raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")
         if rest:
             raise ConfigError(
                 "only training settings and the data's places can change when resuming, "

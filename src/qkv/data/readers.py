@@ -141,7 +141,8 @@ def read_labelled(
         labels.append(_check_label(path, label, label_field, line))
         if known_labels is not None and labels[-1] not in known_labels:
             known = ", ".join(known_labels)
-            raise DataError(path, f"unknown label {labels[-1]!r} (known labels: {known})", line)
+            label = _short_text(labels[-1])
+            raise DataError(path, f"unknown label {label!r} (known labels: {known})", line)
     return texts, labels
 
 

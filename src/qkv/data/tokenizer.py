@@ -8,7 +8,10 @@ word-boundary marker so that `decode(encode(text))` gives back ordinary detokeni
 
 from __future__ import annotations
 
+import signal
+import threading
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from itertools import islice
 from pathlib import Path
 
@@ -16,13 +19,37 @@ from tokenizers import Tokenizer as HfTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
 from qkv.data.special import SPECIAL_TOKENS, UNK
-from qkv.errors import CheckpointError
+from qkv.errors import CheckpointError, ConfigError
 from qkv.training.checkpoint import atomic_write_text
 
 TOKENIZER_FILENAME = "tokenizer.json"
 WORD_MARKER = "▁"  # U+2581, replaces the space before each word, as in SentencePiece
 ALPHABET_LIMIT = 1000  # the rarest characters beyond this become <unk> rather than eat the vocab
 TRAIN_CHUNK = 1000  # texts handed to the trainer at a time
+
+
+def check_vocabulary(vocab_size: int, min_frequency: int) -> None:
+    """Raise ConfigError unless the BPE settings can make a vocabulary."""
+    if vocab_size <= len(SPECIAL_TOKENS):
+        specials = len(SPECIAL_TOKENS)
+        raise ConfigError(
+            f"vocab_size must be more than the {specials} special tokens, got {vocab_size}"
+        )
+    if min_frequency < 0:
+        raise ConfigError(f"min_frequency must be 0 or more, got {min_frequency}")
+
+
+def size_note(tokenizer: Tokenizer, vocab_size: int) -> str | None:
+    """What to tell the user when a trained vocabulary is not the size asked for, else None."""
+    size = tokenizer.vocab_size
+    if size < vocab_size:
+        return f"the vocabulary has {size} tokens, not {vocab_size}: the data holds no more merges"
+    if size > vocab_size:
+        return (
+            f"the vocabulary has {size} tokens, not {vocab_size}: the special tokens and the "
+            "alphabet alone take more"
+        )
+    return None
 
 
 class Tokenizer:
@@ -152,7 +179,8 @@ class Tokenizer:
                 does), naming the first such text.
         """
         try:
-            encodings = self._hf.encode_batch_fast(list(texts), add_special_tokens=False)
+            with _interrupts_kept():
+                encodings = self._hf.encode_batch_fast(list(texts), add_special_tokens=False)
         except TypeError:
             for number, text in enumerate(texts, start=1):
                 try:
@@ -213,6 +241,29 @@ class Tokenizer:
 
 def _display(piece: str) -> str:
     return piece.removeprefix(WORD_MARKER) or piece
+
+
+@contextmanager
+def _interrupts_kept() -> Iterator[None]:
+    """Hold Ctrl-C back while the tokenizers' Rust code runs, and deliver it once it returns.
+
+    The Rust code checks for signals as it works and can drop the KeyboardInterrupt it gets
+    there, so that an interrupted program would go on as if nothing had happened. Outside the
+    main thread (where no handler can be set) the block runs as it is.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught and callable(previous):
+        previous(signal.SIGINT, None)  # Python's own handler raises KeyboardInterrupt
+    elif caught and previous == signal.SIG_DFL:
+        raise KeyboardInterrupt
 
 
 def _chunks(texts: Iterable[str], size: int) -> Iterator[list[str]]:

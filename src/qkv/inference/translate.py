@@ -61,6 +61,8 @@ class DecodeOptions:
             raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.workers < 1:
             raise ConfigError(f"workers must be >= 1, got {self.workers}")
+        if not 0 <= self.seed < 2**63:
+            raise ConfigError(f"seed must be between 0 and 2**63 - 1, got {self.seed}")
         check_sampling(self.temperature, self.top_k, self.top_p)
 
 

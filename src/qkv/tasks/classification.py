@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from qkv.data.batching import collate_texts, token_budget_batches, truncate
 from qkv.data.cache import load_id_lists, save_id_lists
 from qkv.data.readers import read_labelled
-from qkv.data.tokenizer import Tokenizer
+from qkv.data.tokenizer import Tokenizer, check_vocabulary, size_note
 from qkv.errors import ConfigError, DataError
 from qkv.model.classifier import TextClassifier
 from qkv.model.config import ModelConfig
@@ -54,6 +54,10 @@ class ClassificationData:
     def check(self) -> None:
         """Raise ConfigError for a validation share out of range (checked for new runs only:
         a run saved with one still loads)."""
+        check_vocabulary(self.vocab_size, self.min_frequency)
+        if self.max_len < 1 + self.cls:
+            extra = " with a [CLS] token (pooling=cls)" if self.cls else ""
+            raise ConfigError(f"max_len must be at least {1 + self.cls}{extra}, got {self.max_len}")
         if not self.valid_file and not 0 < self.valid_fraction < 1:
             raise ConfigError(
                 f"valid_fraction is the share of the training file held out for validation, "
@@ -171,6 +175,14 @@ def prepare(
             data.train_file, texts, labels, data.valid_fraction, seed
         )
     names = data.labels or sorted_labels(labels)
+    if data.labels and (unnamed := sorted(set(labels) - set(names))):
+        raise DataError(
+            data.train_file,
+            f"has labels that labels= does not name: {', '.join(unnamed[:5])} "
+            f"(labels={','.join(names)})",
+        )
+    if len(set(names)) < len(names):
+        raise ConfigError(f"labels= names a label twice: {','.join(names)}")
     if len(names) < 2:
         held_out = "" if data.valid_file else " once the validation share is held out"
         raise DataError(data.train_file, f"needs at least 2 labels{held_out}, found {names}")
@@ -190,13 +202,16 @@ def prepare(
         )
     index = {name: i for i, name in enumerate(names)}
     data.labels = names
+    new_run = tokenizer is None  # a cache left in its directory belongs to no tokenizer of it
     if tokenizer is None:
         tokenizer = Tokenizer.train(
             (clean_text(t) for t in texts), data.vocab_size, data.min_frequency, data.lowercase
         )
+        if note := size_note(tokenizer, data.vocab_size):
+            print(note)
         tokenizer.save(run_dir / TOKENIZER_FILE)
     cache_path = run_dir / "cache" / "tokens.safetensors"
-    corpora = load_id_lists(cache_path)
+    corpora = None if new_run else load_id_lists(cache_path)
     if corpora is None:
         corpora = {
             "train.ids": encode_texts(tokenizer, texts, data),
@@ -227,8 +242,8 @@ def train_classification(
         tokenizer = load_tokenizer(run_dir)
     else:
         assert data is not None and model_config is not None and train_config is not None
-        data.check()
         data.cls = model_config.pooling == "cls"
+        data.check()
         # Saved absolute, so that `--resume` finds them from any working directory.
         data.train_file = os.path.abspath(data.train_file) if data.train_file else ""
         data.valid_file = os.path.abspath(data.valid_file) if data.valid_file else ""

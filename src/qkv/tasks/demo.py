@@ -155,6 +155,7 @@ def run_demo(
         raise ConfigError(f"the demo needs a positive, finite time budget, got {minutes} minutes")
     if min(n_train, n_valid, n_test) < 1:
         raise ConfigError("the demo needs at least one train, valid and test pair")
+    training = demo_training(minutes, seed, eval_every)  # checks the seed before any work
     out_dir = Path(out_dir)
     data_dir, run_dir = out_dir / DATA_DIR, out_dir / RUN_DIR
     _clear_previous_run(run_dir)
@@ -165,7 +166,7 @@ def run_demo(
         data_dir=str(data_dir), src="src", tgt="tgt", vocab_size=DEMO_VOCAB, max_len=64
     )
     echo(f"training a small Transformer for {minutes:g} min into {run_dir}")
-    train_translation(data, demo_model(), demo_training(minutes, seed, eval_every), run_dir)
+    train_translation(data, demo_model(), training, run_dir)
 
     scored = translate_held_out(run_dir, test)
     accuracy = sum(example.correct for example in scored) / len(scored)

@@ -20,7 +20,7 @@ from qkv.data.batching import (
 from qkv.data.cache import load_id_lists, save_id_lists
 from qkv.data.readers import find_split, read_parallel
 from qkv.data.special import PAD_ID
-from qkv.data.tokenizer import Tokenizer
+from qkv.data.tokenizer import Tokenizer, check_vocabulary, size_note
 from qkv.errors import ConfigError, DataError
 from qkv.evaluation.bleu import score_translations
 from qkv.inference.translate import DecodeOptions, translate_ids
@@ -53,6 +53,7 @@ class TranslationData:
             raise ConfigError(f"valid_sentences must be >= 0 (0 = all), got {self.valid_sentences}")
         if self.max_len < 1:
             raise ConfigError(f"max_len must be >= 1, got {self.max_len}")
+        check_vocabulary(self.vocab_size, self.min_frequency)
 
 
 class TranslationTask:
@@ -159,13 +160,16 @@ def prepare(
     )
     if data.valid_sentences:
         valid_src, valid_tgt = valid_src[: data.valid_sentences], valid_tgt[: data.valid_sentences]
+    new_run = tokenizer is None  # a cache left in its directory belongs to no tokenizer of it
     if tokenizer is None:
         tokenizer = Tokenizer.train(
             train_src + train_tgt, data.vocab_size, data.min_frequency, data.lowercase
         )
+        if note := size_note(tokenizer, data.vocab_size):
+            print(note)
         tokenizer.save(run_dir / TOKENIZER_FILE)
     cache_path = run_dir / "cache" / "tokens.safetensors"
-    corpora = load_id_lists(cache_path)
+    corpora = None if new_run else load_id_lists(cache_path)
     if corpora is None:
         corpora = {
             "train.src": tokenizer.encode_batch(train_src),
@@ -213,6 +217,9 @@ def train_translation(
         tokenizer = None
         # Saved absolute, so that `--resume` finds it from any working directory.
         data.data_dir = os.path.abspath(data.data_dir) if data.data_dir else ""
+        # Positions for the longest pair kept: `max_len` names the data's limit.
+        fields = {**model_config.to_dict(), "max_len": max(model_config.max_len, data.max_len)}
+        model_config = ModelConfig(**fields)
     device = pick_device(train_config.device)  # before any work: a missing GPU fails first
     run_dir.mkdir(parents=True, exist_ok=True)
     set_threads(train_config.threads)

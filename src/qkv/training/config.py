@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from qkv.errors import ConfigError
+
+MAX_THREADS = 1024
+"""The most CPU threads a run may ask for (far more make the tokenizer's thread pool fail)."""
 
 
 @dataclass
@@ -39,7 +43,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         checks = [
-            (self.lr > 0, "lr must be positive"),
+            (0 < self.lr < math.inf, "lr must be a positive number"),
             (self.warmup >= 0, "warmup must be 0 or more"),
             (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "betas must be in [0, 1)"),
             (0 <= self.label_smoothing < 1, "label_smoothing must be in [0, 1)"),
@@ -55,8 +59,12 @@ class TrainConfig:
             (self.max_minutes >= 0, "max_minutes must be 0 (no limit) or more"),
             (self.patience >= 0, "patience must be 0 (never stop early) or more"),
             (self.clip_norm >= 0, "clip_norm must be 0 (off) or more"),
-            (self.weight_decay >= 0, "weight_decay must be 0 or more"),
-            (self.threads >= 0, "threads must be 0 (torch's default) or more"),
+            (0 <= self.weight_decay < math.inf, "weight_decay must be a number, 0 or more"),
+            (
+                0 <= self.threads <= MAX_THREADS,
+                f"threads must be 0 (torch's default) or more, up to {MAX_THREADS}",
+            ),
+            (0 <= self.seed < 2**63, "seed must be between 0 and 2**63 - 1"),
             (self.log_every >= 1, "log_every must be at least 1"),
         ]
         for ok, message in checks:

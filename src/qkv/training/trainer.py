@@ -186,6 +186,9 @@ class Trainer:
                 f"{self.checkpoints}: no complete checkpoint to resume from{extra}"
             )
         record, rng = ckpt.load_checkpoint(directory, self.model, self.optimizer)
+        for group in self.optimizer.param_groups:  # settings a resumed run may change
+            group["betas"] = (self.config.beta1, self.config.beta2)
+            group["weight_decay"] = self.config.weight_decay
         try:
             self.progress = Progress(**record["progress"])
             torch.set_rng_state(rng["torch"])

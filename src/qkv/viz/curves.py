@@ -54,6 +54,8 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
+        if (path.parent / "config.json").is_file():
+            raise DataError(path, "no metrics yet: the run has not logged a step") from None
         raise DataError(path, "no metrics log here (not a run directory?)") from None
     except OSError as error:
         raise DataError(path, f"cannot read the metrics log ({error.strerror})") from None
@@ -81,7 +83,8 @@ def plot_curves(metrics_path: str | Path, out_path: str | Path) -> Path:
 
     Panels: train and valid loss against step; learning rate against step; then one panel per
     metric found in valid records (BLEU, chrF, accuracy, ...), with the train values of the same
-    metric on the same axes when train records carry it.
+    metric on the same axes when train records carry it. The score of the checkpoint average
+    made at the end is a star of its own, not a point of the valid line.
 
     Args:
         metrics_path: the run's `metrics.jsonl`.
@@ -97,14 +100,16 @@ def plot_curves(metrics_path: str | Path, out_path: str | Path) -> Path:
     """
     records = read_metrics(metrics_path)
     train = [r for r in records if r.get("split") == "train"]
-    valid = [r for r in records if r.get("split") == "valid"]
+    valid_records = [r for r in records if r.get("split") == "valid"]
+    valid = [r for r in valid_records if "averaged" not in r]
+    averaged = [r for r in valid_records if "averaged" in r]  # the checkpoint average, at the end
     if not any(_is_number(r.get("step")) for r in train + valid):
         raise DataError(metrics_path, "no train or valid records with a step to plot")
 
     panels = ["loss"]
     if _series(train, "lr")[0]:
         panels.append("lr")
-    panels += _valid_metrics(valid)
+    panels += _valid_metrics(valid_records)
 
     n_columns = min(2, len(panels))
     n_rows = math.ceil(len(panels) / n_columns)
@@ -122,6 +127,7 @@ def plot_curves(metrics_path: str | Path, out_path: str | Path) -> Path:
             name = _DISPLAY_NAMES.get(metric, metric)
             _draw(ax, train, metric, label=f"train {name.lower()}", style="-")
             _draw(ax, valid, metric, label=f"valid {name.lower()}", style="o-")
+            _draw(ax, averaged, metric, label="checkpoint average", style="*")
             _decorate(ax, name, name.lower())
     figure.suptitle(Path(metrics_path).parent.name or "training curves")
     return save_figure(figure, out_path)
@@ -154,7 +160,9 @@ def _valid_metrics(valid: list[dict[str, Any]]) -> list[str]:
 def _draw(ax: Axes, records: list[dict[str, Any]], key: str, label: str | None, style: str) -> None:
     steps, values = _series(records, key)
     if steps:
-        ax.plot(steps, values, style, label=label, markersize=3)
+        if len(steps) == 1 and style == "-":  # a line of one point shows nothing
+            style = "o-"
+        ax.plot(steps, values, style, label=label, markersize=9 if style == "*" else 3)
 
 
 def _decorate(ax: Axes, title: str, y_label: str) -> None:

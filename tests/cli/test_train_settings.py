@@ -1,0 +1,167 @@
+"""What `qkv train` accepts: settings out of range, settings and flags of the other task or of
+no task, settings on `--resume`, and the directory a new run is made in."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from qkv.cli import main
+
+CORPUS = Path(__file__).resolve().parents[1] / "corpus"
+TRANSLATION, LABELLED = CORPUS / "translation" / "good", CORPUS / "labelled" / "good.jsonl"
+TINY = ["--preset", "tiny", "vocab_size=100", "max_tokens=256", "max_steps=2", "eval_every=2"]
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def qkv(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, str]:
+    capsys.readouterr()
+    code = main([str(a) for a in argv])
+    return code, capsys.readouterr().err
+
+
+def translation(out: Path, *extra: str) -> list[str | Path]:
+    return ["train", "translation", "--data", TRANSLATION, "--out", out, *TINY, *extra]
+
+
+def classification(out: Path, *extra: str) -> list[str | Path]:
+    tiny = ["--preset", "tiny", "vocab_size=60", "max_steps=2", "eval_every=2"]
+    return ["train", "classification", "--train", LABELLED, "--out", out, *tiny, *extra]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("run") / "run"
+    assert main([str(a) for a in translation(out)]) == 0
+    return out
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("vocab_size=-5", "vocab_size must be more than the 5 special tokens"),
+        ("min_frequency=-1", "min_frequency must be 0 or more"),
+        ("seed=99999999999999999999", "seed must be between 0 and 2**63 - 1"),
+        ("threads=100000", "threads must be 0 (torch's default) or more, up to 1024"),
+        ("lr=inf", "lr must be a positive number"),
+        ("weight_decay=inf", "weight_decay must be a number"),
+        ("n_classes=3", "n_classes does not apply to translation"),
+    ],
+)
+def test_translation_settings_out_of_place(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, setting: str, message: str
+) -> None:
+    code, err = qkv(capsys, *translation(tmp_path / "r", setting))
+    assert code == 2 and err.startswith(f"qkv: {message}"), err
+    assert err.count("\n") == 1 and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("max_len=0", "max_len must be at least 1"),
+        ("pooling=cls max_len=1", "max_len must be at least 2 with a [CLS] token"),
+        ("n_decoder_layers=2", "n_decoder_layers does not apply to classification"),
+        ("cls=true", "cls follows the pooling"),
+        ("labels=neg,pos,pos", "labels= names a label twice"),
+    ],
+)
+def test_classification_settings_out_of_place(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, setting: str, message: str
+) -> None:
+    code, err = qkv(capsys, *classification(tmp_path / "r", *setting.split()))
+    assert code == 2 and err.startswith(f"qkv: {message}") and err.count("\n") == 1, err
+    assert not (tmp_path / "r").exists()
+
+
+def test_labels_are_a_list_that_must_name_every_label(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, err = qkv(capsys, *classification(tmp_path / "a", "labels=pos,meh"))
+    assert code == 2 and "has labels that labels= does not name: neg" in err, err
+    code, err = qkv(capsys, *classification(tmp_path / "b", "labels=pos,neg"))
+    assert code == 0, err
+    config = json.loads((tmp_path / "b" / "config.json").read_text())
+    assert config["data"]["labels"] == ["pos", "neg"] and config["model"]["n_classes"] == 2
+
+
+@pytest.mark.parametrize(
+    ("task", "flag"),
+    [("translation", ["--train", str(LABELLED)]), ("classification", ["--data", str(TRANSLATION)])],
+)
+def test_flags_of_the_other_task_are_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, task: str, flag: list[str]
+) -> None:
+    make = translation if task == "translation" else classification
+    code, err = qkv(capsys, *make(tmp_path / "r"), *flag)
+    other = "classification" if task == "translation" else "translation"
+    assert code == 2 and err == f"qkv: {flag[0]} is for {other}, not {task}\n", err
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["--out", "elsewhere"], ["--preset", "big"], ["translation"], ["--data", "new"]],
+    ids=str,
+)
+def test_resume_refuses_what_belongs_to_a_new_run(
+    capsys: pytest.CaptureFixture[str], run: Path, extra: list[str]
+) -> None:
+    code, err = qkv(capsys, "train", "--resume", run, *extra)
+    given = "task" if extra == ["translation"] else extra[0]
+    assert code == 2 and f"so {given} does not apply" in err, err
+
+
+def test_resume_names_an_unknown_setting_as_unknown(
+    capsys: pytest.CaptureFixture[str], run: Path
+) -> None:
+    code, err = qkv(capsys, "train", "--resume", run, "max_step=50")
+    assert code == 2 and err == "qkv: unknown setting(s): max_step\n", err
+    code, err = qkv(capsys, "train", "--resume", run, "d_model=8")
+    assert code == 2 and "only training settings and the data's places can change" in err
+
+
+def test_a_new_run_is_not_made_among_other_files(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine\n")
+    code, err = qkv(capsys, *translation(mine))
+    assert code == 2 and "holds files and no run (notes.txt)" in err, err
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]  # not even a lock file left
+
+
+def test_a_run_that_fails_in_an_empty_directory_leaves_it_empty(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, err = qkv(capsys, *translation(empty, "max_len=1"))
+    assert code == 2 and "no training pair is left" in err, err
+    assert list(empty.iterdir()) == []
+    code, err = qkv(capsys, *translation(empty))  # and the next try may use it
+    assert code == 0, err
+
+
+def test_the_models_positions_cover_the_datas_max_len(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, err = qkv(capsys, *translation(tmp_path / "r", "max_len=3000"))
+    assert code == 0, err
+    config = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert config["data"]["max_len"] == 3000 and config["model"]["max_len"] == 3000
+
+
+def test_a_run_before_its_first_weights_says_how_to_go_on(
+    capsys: pytest.CaptureFixture[str], run: Path, tmp_path: Path
+) -> None:
+    early = tmp_path / "early"
+    shutil.copytree(run, early)
+    (early / "model.safetensors").unlink()
+    shutil.rmtree(early / "checkpoints")
+    code, err = qkv(capsys, "translate", early, "--input", CORPUS / "text" / "src.de")
+    assert code == 2 and "not written yet" in err and f"--resume {early}" in err, err
