@@ -26,15 +26,14 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--out", metavar="RUN", help="run directory to create")
     train.add_argument("--preset", help="named configuration to start from")
     train.add_argument("--data", metavar="DIR", help="translation: train/val files live here")
-    train.add_argument("--src", default="de", help="translation: source language suffix")
-    train.add_argument("--tgt", default="en", help="translation: target language suffix")
+    train.add_argument("--src", help="translation: source language suffix (default de)")
+    train.add_argument("--tgt", help="translation: target language suffix (default en)")
     train.add_argument("--train", metavar="FILE", help="classification: labelled training file")
     train.add_argument("--valid", metavar="FILE", help="classification: labelled validation file")
     train.add_argument(
         "--valid-fraction",
         type=float,
-        default=0.1,
-        help="classification: share of --train held out when --valid is absent",
+        help="classification: share of --train held out when --valid is absent (default 0.1)",
     )
     train.set_defaults(run=_run_train)
 

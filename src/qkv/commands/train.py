@@ -84,15 +84,10 @@ def _empty(directory: Path) -> None:
 
 
 def _given(args: argparse.Namespace, flags: tuple[str, ...]) -> list[str]:
-    """Those of `flags` ("--out", or "task" for the positional one) set to something other
-    than their default."""
-    defaults = {"--src": "de", "--tgt": "en", "--valid-fraction": 0.1}
+    """Those of `flags` ("--out", or "task" for the positional one) given on the command line
+    (none of them has a default there)."""
     names = {flag: flag.removeprefix("--").replace("-", "_") for flag in flags}
-    return [
-        flag
-        for flag, name in names.items()
-        if getattr(args, name, None) not in (None, defaults.get(flag))
-    ]
+    return [flag for flag, name in names.items() if getattr(args, name, None) is not None]
 
 
 DATA_PATHS = ("data_dir", "train_file", "valid_file")
@@ -162,6 +157,7 @@ def _translation(args: argparse.Namespace, out: Path, values: dict[str, str]) ->
     if not args.data:
         raise ConfigError("train translation needs --data DIR")
     model, train = translation_preset(args.preset or "small")
-    data = TranslationData(data_dir=args.data, src=args.src, tgt=args.tgt)
+    sides = {"src": args.src, "tgt": args.tgt}
+    data = TranslationData(data_dir=args.data, **{k: v for k, v in sides.items() if v is not None})
     data, model, train = overrides.apply_all(data, model, train, values)
     return report_done("translation", out, train_translation(data, model, train, out))

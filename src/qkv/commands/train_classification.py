@@ -22,7 +22,9 @@ def train(args: argparse.Namespace, out: Path, values: dict[str, str]) -> int:
             **data.__dict__,
             "train_file": args.train,
             "valid_file": args.valid or "",
-            "valid_fraction": args.valid_fraction,
+            "valid_fraction": data.valid_fraction
+            if args.valid_fraction is None
+            else args.valid_fraction,
         }
     )
     data, model, train_config = overrides.apply_all(data, model, train_config, values)
