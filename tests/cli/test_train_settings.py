@@ -50,6 +50,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("lr=inf", "lr must be a positive number"),
         ("weight_decay=inf", "weight_decay must be a number"),
         ("n_classes=3", "n_classes does not apply to translation"),
+        ("max_len=100000000", "max_len must be between 1 and 65536"),
     ],
 )
 def test_translation_settings_out_of_place(
@@ -133,6 +134,15 @@ def test_a_new_run_is_not_made_among_other_files(
     code, err = qkv(capsys, *translation(mine))
     assert code == 2 and "holds files and no run (notes.txt)" in err, err
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]  # not even a lock file left
+
+
+def test_out_must_not_be_a_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("mine\n")
+    code, err = qkv(capsys, *translation(tmp_path / "afile"))
+    assert (
+        code == 2
+        and err == f"qkv: {tmp_path / 'afile'} is a file; --out names a directory for the run\n"
+    )
 
 
 def test_a_run_that_fails_in_an_empty_directory_leaves_it_empty(

@@ -14,7 +14,7 @@ import pytest
 
 from qkv.data.special import BOS_ID, CLS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
 from qkv.data.tokenizer import Tokenizer
-from qkv.errors import CheckpointError
+from qkv.errors import CheckpointError, ConfigError
 
 SENTENCE_TEXT = (
     "Zwei junge Männer stehen draußen . Ein Hund läuft über die grüne Wiese , "
@@ -100,6 +100,21 @@ def test_ctrl_c_while_encoding_is_delivered_even_if_the_rust_code_drops_it(
     with pytest.raises(KeyboardInterrupt):
         interrupted.encode_batch(["ein hund"])
     assert tokenizer.encode_batch(["ein hund"])  # and no handler is left behind
+
+
+def test_texts_that_are_not_strings_are_named(tokenizer: Tokenizer) -> None:
+    with pytest.raises(TypeError, match="text 2 is NoneType, not a string"):
+        tokenizer.encode_batch(["ein hund", None])  # type: ignore[list-item]
+    assert tokenizer.encode_batch(t for t in ["ein hund"]) == [tokenizer.encode("ein hund")]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [({"vocab_size": 3}, "vocab_size must be more than"), ({"min_frequency": -1}, "min_frequency")],
+)
+def test_training_settings_out_of_range(settings: dict[str, int], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        Tokenizer.train(["ein hund"], **settings)
 
 
 def test_lowercase_option() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from qkv.evaluation.classification import score_classification
@@ -28,3 +30,19 @@ def test_macro_f1_averages_the_labels_that_occur() -> None:
 def test_lengths_must_match() -> None:
     with pytest.raises(ValueError, match="2 gold labels but 1 predictions"):
         score_classification([0, 1], [0], ["a", "b"])
+
+
+@pytest.mark.parametrize(
+    ("gold", "predicted", "bad"),
+    [
+        ([0, -1], [0, 1], "gold labels must be indices in [0, 2) of `labels`, got -1"),
+        ([0, 1], [0, 5], "predicted labels must be indices in [0, 2) of `labels`, got 5"),
+        ([0, 1], [0, "b"], "got 'b'"),
+        ([0, True], [0, 1], "got True"),
+    ],
+)
+def test_labels_must_be_indices_of_the_label_list(
+    gold: list[int], predicted: list[int], bad: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(bad)):
+        score_classification(gold, predicted, ["a", "b"])

@@ -282,6 +282,14 @@ def test_sample_with_top_k_one_equals_greedy(seed: int) -> None:
     assert sampled == greedy
 
 
+@pytest.mark.parametrize("temperature", [1e-40, 1e-300])
+def test_a_vanishing_temperature_samples_as_greedy_search_decodes(temperature: float) -> None:
+    max_lengths = lengths(*[12] * 6)
+    greedy = greedy_search(ToyDecoder(random_log_probs(1), list(range(6))), 6, max_lengths)
+    decoder = ToyDecoder(random_log_probs(1), list(range(6)))
+    assert sample(decoder, 6, max_lengths, temperature=temperature) == greedy
+
+
 def test_sample_never_draws_padding_or_bos() -> None:
     def mostly_padding(sentence: int, prefix: tuple[int, ...]) -> Tensor:
         return torch.tensor([0.0, -0.1, -3.0, -2.0, -2.0])  # PAD, BOS, EOS, a, b

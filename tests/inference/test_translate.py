@@ -31,6 +31,13 @@ BAD = {
     "no workers": ({"workers": 0}, "workers must be >= 1, got 0"),
     "infinite max_len_a": ({"max_len_a": math.inf}, "max_len_a and max_len_b must be >= 0"),
     "max_len_a NaN": ({"max_len_a": math.nan}, "max_len_a and max_len_b must be >= 0"),
+    "seed too large": ({"seed": 2**64}, r"seed must be between 0 and 2\*\*63 - 1"),
+    "fractional beam": ({"beam_size": 2.5}, r"beam_size must be int, got 2.5 \(float\)"),
+    "whole float workers": ({"workers": 2.0}, r"workers must be int, got 2.0 \(float\)"),
+    "infinite max_len_b": ({"max_len_b": math.inf}, "max_len_b must be int"),
+    "fractional seed": ({"seed": 1.5}, "seed must be int"),
+    "string flag": ({"bf16": "no"}, r"bf16 must be bool, got 'no' \(str\)"),
+    "string number": ({"beam_size": "5"}, "beam_size must be int"),
 }
 
 
@@ -43,6 +50,22 @@ def test_out_of_range_settings_are_config_errors(fields: dict[str, float], messa
 def test_defaults_and_edges_are_accepted() -> None:
     DecodeOptions()
     DecodeOptions(beam_size=1, max_len_a=0.0, max_len_b=0, max_tokens=1, top_k=0, top_p=1.0)
+
+
+def test_a_budget_of_nothing_translates_to_nothing() -> None:
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(tiny_config(vocab_size=60, max_len=12))
+    sources, cpu = [[5, 6, 7], [8, 9]], torch.device("cpu")
+    for beam in (1, 3):
+        options = DecodeOptions(beam_size=beam, max_len_a=0.0, max_len_b=0)
+        assert translate_ids(model, sources, options, cpu) == [[], []]
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_the_callers_model_keeps_its_mode(training: bool) -> None:
+    model = Seq2SeqTransformer(tiny_config(vocab_size=60, max_len=12)).train(training)
+    translate_ids(model, [[5, 6, 7]], DecodeOptions(max_len_b=3), torch.device("cpu"))
+    assert model.training is training
 
 
 def test_a_huge_length_budget_is_the_models_longest() -> None:

@@ -37,7 +37,8 @@ def test_a_position_held_in_a_tensor_embeds_like_an_offset(positions: str) -> No
     [
         (torch.tensor([5, 6, 7]), r"must be \(B, L\) token ids, got shape \(3,\)"),
         (torch.ones(1, 2, 3, dtype=torch.long), r"got shape \(1, 2, 3\)"),
-        (torch.tensor([[5.0, 6.0]]), "must hold integer token ids, got torch.float32"),
+        (torch.tensor([[5.0, 6.0]]), r"must hold int64 \(or int32\) token ids, got torch.float32"),
+        (torch.tensor([[5, 6]], dtype=torch.uint8), "got torch.uint8"),
         (torch.tensor([[5, 40]]), r"token id 40, outside the vocabulary \[0, 40\)"),
         (torch.tensor([[-1, 5]]), r"token id -1, outside the vocabulary"),
     ],
@@ -46,4 +47,10 @@ def test_token_ids_are_checked(ids: torch.Tensor, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         check_ids(ids, 40, "source ids")
     check_ids(torch.tensor([[0, 39]]), 40, "source ids")
+    check_ids(torch.tensor([[0, 39]], dtype=torch.int32), 40, "source ids")
     check_ids(torch.zeros(0, 0, dtype=torch.long), 40, "source ids")
+
+
+def test_token_ids_must_be_a_tensor() -> None:
+    with pytest.raises(TypeError, match="source ids must be a torch tensor of token ids, got list"):
+        check_ids([[5, 6]], 40, "source ids")  # type: ignore[arg-type]

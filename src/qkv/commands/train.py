@@ -46,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"{', '.join(wrong)} does not apply to {args.task}")
     if args.task == "classification" and "cls" in values:
         raise ConfigError("cls follows the pooling: set pooling=cls for a [CLS] token")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out} is a file; --out names a directory for the run")
     created, had_lock, began = not out.exists(), (out / LOCK_FILE).exists(), False
     try:
         with run_lock(out):  # checked under the lock: another process may be making it

@@ -82,7 +82,11 @@ class Tokenizer:
 
         Returns:
             The trained tokenizer.
+
+        Raises:
+            ConfigError: if `vocab_size` or `min_frequency` is out of range.
         """
+        check_vocabulary(vocab_size, min_frequency)
         steps = [normalizers.NFC()] + ([normalizers.Lowercase()] if lowercase else [])
         hf = HfTokenizer(models.BPE(unk_token=UNK))
         hf.normalizer = normalizers.Sequence(steps)
@@ -174,15 +178,21 @@ class Tokenizer:
         """Token ids of many texts, encoded in parallel; same result as `encode` on each.
 
         Raises:
+            TypeError: if a text is not a string.
             ValueError: if a text is not Unicode (it holds half of a surrogate pair, as an
                 undecodable byte of a command-line argument or a JSON escape such as \\ud800
                 does), naming the first such text.
         """
+        texts = list(texts)  # a generator is read once
         try:
             with _interrupts_kept():
-                encodings = self._hf.encode_batch_fast(list(texts), add_special_tokens=False)
+                encodings = self._hf.encode_batch_fast(texts, add_special_tokens=False)
         except TypeError:
             for number, text in enumerate(texts, start=1):
+                if not isinstance(text, str):
+                    raise TypeError(
+                        f"text {number} is {type(text).__name__}, not a string"
+                    ) from None
                 try:
                     text.encode("utf-8")
                 except UnicodeEncodeError as error:

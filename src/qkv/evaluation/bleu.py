@@ -24,9 +24,18 @@ class TranslationScores:
 
 
 def score_translations(hypotheses: list[str], references: list[str]) -> TranslationScores:
-    """Score `hypotheses` against `references` (equal length lists of detokenized text)."""
+    """Score `hypotheses` against `references` (equal length lists of detokenized text).
+
+    Raises:
+        TypeError: if either is one string rather than a list of sentences.
+        ValueError: if their lengths differ or they are empty.
+    """
+    if isinstance(hypotheses, str) or isinstance(references, str):
+        raise TypeError("hypotheses and references must be lists of sentences, not one string")
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+    if not hypotheses:
+        raise ValueError("no sentences to score")
     bleu, chrf, lower = BLEU(), CHRF(), BLEU(lowercase=True)
     refs = [references]
     return TranslationScores(

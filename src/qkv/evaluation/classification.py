@@ -26,10 +26,18 @@ def score_classification(
     Macro-F1 averages the F1 of the labels that occur among the gold labels or the predictions
     (as scikit-learn's `f1_score(average="macro")` does): a label absent from both says nothing
     about this test set.
+
+    Raises:
+        ValueError: if the lists differ in length or hold something else than indices of
+            `labels`.
     """
     if len(gold) != len(predicted):
         raise ValueError(f"{len(gold)} gold labels but {len(predicted)} predictions")
     n = len(labels)
+    for name, indices in (("gold", gold), ("predicted", predicted)):
+        bad = next((i for i in indices if not _is_index(i) or not 0 <= i < n), None)
+        if bad is not None:
+            raise ValueError(f"{name} labels must be indices in [0, {n}) of `labels`, got {bad!r}")
     confusion = [[0] * n for _ in range(n)]
     for g, p in zip(gold, predicted, strict=True):
         confusion[g][p] += 1
@@ -48,3 +56,7 @@ def score_classification(
         labels=labels,
         examples=len(gold),
     )
+
+
+def _is_index(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -7,11 +7,12 @@ from pathlib import Path
 import torch
 
 from qkv.data.batching import collate_texts, token_budget_batches
+from qkv.data.readers import is_blank
 from qkv.data.tokenizer import Tokenizer
 from qkv.errors import CheckpointError, ConfigError
 from qkv.model.classifier import TextClassifier
 from qkv.run import RunConfig, data_settings, load_run_weights, load_tokenizer
-from qkv.tasks.classification import ClassificationData, encode_texts
+from qkv.tasks.classification import ClassificationData, clean_text, encode_texts
 from qkv.training.speed import pick_device
 
 
@@ -50,21 +51,33 @@ class Classifier:
         """Class probabilities (len(texts), C), in input order.
 
         Raises:
-            TypeError: if `texts` is a single string rather than a list of texts.
-            ConfigError: if a text has no tokens once cleaned (empty, or only line breaks).
+            TypeError: if `texts` is a single string, or holds something else than strings.
+            ConfigError: if a text has no tokens once cleaned (nothing but spaces, line breaks
+                and invisible characters).
         """
         if isinstance(texts, str):
             raise TypeError("texts must be a list of strings, not one string")
+        texts = list(texts)  # a generator is read once
+        if not all(isinstance(t, str) for t in texts):
+            kinds = sorted({type(t).__name__ for t in texts if not isinstance(t, str)})
+            raise TypeError(f"texts must be strings, got {', '.join(kinds)}")
         ids = encode_texts(self.tokenizer, texts, self.data)
-        empty = next((i for i, x in enumerate(ids) if not x), None)
+        empty = next(
+            (i for i, x in enumerate(ids) if not x or is_blank(clean_text(texts[i]))), None
+        )
         if empty is not None:
             raise ConfigError(f"text {empty + 1} has no tokens once cleaned: {texts[empty]!r}")
         out = torch.zeros(len(texts), len(self.labels))
         lengths = [len(x) + 1 for x in ids]
-        for batch in token_budget_batches(lengths, max_tokens, shuffle=False, seed=0, epoch=0):
-            rows = collate_texts([ids[i] for i in batch], [0] * len(batch), cls=self.data.cls)
-            logits = self.model(rows.ids.to(self.device))  # (B, C)
-            out[batch] = torch.softmax(logits.float(), dim=-1).cpu()
+        was_training = self.model.training
+        self.model.eval()  # no dropout, whatever mode the caller left the model in
+        try:
+            for batch in token_budget_batches(lengths, max_tokens, shuffle=False, seed=0, epoch=0):
+                rows = collate_texts([ids[i] for i in batch], [0] * len(batch), cls=self.data.cls)
+                logits = self.model(rows.ids.to(self.device))  # (B, C)
+                out[batch] = torch.softmax(logits.float(), dim=-1).cpu()
+        finally:
+            self.model.train(was_training)
         return out
 
     def predict(self, texts: list[str]) -> list[tuple[str, float]]:

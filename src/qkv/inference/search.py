@@ -136,7 +136,12 @@ def sample(
             ids = [i for i in (PAD_ID, bos_id) if i != eos_id and i < logits.size(-1)]
             never = torch.tensor(ids, dtype=torch.long, device=logits.device)
         words = logits.index_fill(-1, never, float("-inf"))  # (N, V)
-        probs = filter_logits(words / temperature, top_k, top_p).softmax(dim=-1)  # (N, V)
+        # Shifted so that the best is 0 before the division: a tiny temperature then sends
+        # the rest towards -inf instead of the best to +inf (whose softmax would be NaN), and
+        # one below the dtype's smallest normal number, which would round to 0, is taken as it.
+        lowest = max(temperature, torch.finfo(words.dtype).tiny)
+        scaled = (words - words.amax(dim=-1, keepdim=True)) / lowest  # (N, V)
+        probs = filter_logits(scaled, top_k, top_p).softmax(dim=-1)  # (N, V)
         race = torch.empty_like(probs)  # (N, V) one Exp(1) time per token, from each stream
         for row, sentence in enumerate(sentences.tolist()):
             race[row].exponential_(generator=streams[sentence])

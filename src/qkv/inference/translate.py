@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import typing
 from dataclasses import dataclass
 
 import torch
@@ -11,6 +12,7 @@ from tqdm import tqdm
 from qkv.data.batching import token_budget_batches
 from qkv.data.special import PAD_ID
 from qkv.errors import ConfigError
+from qkv.fits import fits, type_name
 from qkv.inference.beam import beam_search
 from qkv.inference.graphed import make_decoder
 from qkv.inference.precision import decoding_model
@@ -44,7 +46,14 @@ class DecodeOptions:
     bf16: bool = False  # decode a bfloat16 copy of the model (see `precision.py`)
 
     def __post_init__(self) -> None:
-        """Raise ConfigError for a setting out of range, before any decoding."""
+        """Raise ConfigError for a setting of the wrong type or out of range, before any
+        decoding."""
+        for name, hint in typing.get_type_hints(DecodeOptions).items():
+            value = getattr(self, name)
+            if not fits(value, hint):
+                raise ConfigError(
+                    f"{name} must be {type_name(hint)}, got {value!r} ({type(value).__name__})"
+                )
         if not 1 <= self.beam_size <= MAX_BEAM:
             raise ConfigError(f"beam size must be between 1 and {MAX_BEAM}, got {self.beam_size}")
         if not 0 <= self.alpha <= MAX_ALPHA:  # NaN fails too
@@ -80,10 +89,25 @@ def translate_ids(
     in `sources`, so its translation depends on neither the workers, nor the batching, nor the
     other sentences. With `progress`, a bar of sentences done is drawn on stderr when
     stderr is a terminal. With `options.bf16`, a bfloat16 copy of the model decodes; `model`
-    itself is left as it is.
+    itself is left as it is, in the mode (training or eval) it had.
     """
     check_workers(options.workers, device)
-    model = decoding_model(model.eval(), options.bf16, device)
+    was_training = model.training
+    try:
+        return _translate_ids(model.eval(), sources, options, device, progress)
+    finally:
+        model.train(was_training)
+
+
+def _translate_ids(
+    model: Seq2SeqTransformer,
+    sources: list[list[int]],
+    options: DecodeOptions,
+    device: torch.device,
+    progress: bool,
+) -> list[list[int]]:
+    """`translate_ids` with `model` in eval mode."""
+    model = decoding_model(model, options.bf16, device)
     out: list[list[int]] = [[] for _ in sources]
     todo = [i for i, s in enumerate(sources) if s]
     lengths = [len(sources[i]) for i in todo]
@@ -129,7 +153,7 @@ def _decode_batch(
     src_lengths = (src != PAD_ID).sum(1)  # (B,)
     limit = model.config.max_len - 1
     budgets = src_lengths * options.max_len_a + options.max_len_b  # (B,) float
-    max_lengths = budgets.clamp(1, limit).long()  # clamped first: a long cannot hold 1e30
+    max_lengths = budgets.clamp(0, limit).long()  # clamped first: a long cannot hold 1e30
     if graphs is not None and not options.sampling:  # whole search steps as graph replays
         if options.beam_size > 1:
             found = graphs.beam(src, options.beam_size, max_lengths, options.alpha)

@@ -70,6 +70,7 @@ class Translator:
         """
         if isinstance(sentences, str):
             raise TypeError("sentences must be a list of strings, not one string")
+        sentences = list(sentences)  # a generator is read once
         if not all(isinstance(s, str) for s in sentences):
             kinds = sorted({type(s).__name__ for s in sentences if not isinstance(s, str)})
             raise TypeError(f"sentences must be strings, got {', '.join(kinds)}")

@@ -9,6 +9,9 @@ from typing import Any, Literal
 from qkv.errors import ConfigError
 from qkv.fits import fits, type_name
 
+MAX_POSITIONS = 65536
+"""The most positions a model may have: its sinusoid table is made for all of them at once."""
+
 Activation = Literal["relu", "gelu"]
 Positions = Literal["sinusoidal", "learned"]
 Pooling = Literal["mean", "cls"]
@@ -65,7 +68,10 @@ class ModelConfig:
             (self.activation in ("relu", "gelu"), f"unknown activation {self.activation!r}"),
             (self.positions in ("sinusoidal", "learned"), f"unknown positions {self.positions!r}"),
             (self.pooling in ("mean", "cls"), f"unknown pooling {self.pooling!r}"),
-            (self.max_len > 0, "max_len must be positive"),
+            (
+                0 < self.max_len <= MAX_POSITIONS,
+                f"max_len must be between 1 and {MAX_POSITIONS}, got {self.max_len}",
+            ),
             (
                 0 <= self.pad_id < min(self.vocab_size, self.target_vocab_size),
                 "pad_id must be a token id of both vocabularies",

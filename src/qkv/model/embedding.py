@@ -25,15 +25,18 @@ class TokenEmbedding(nn.Module):
 
 
 def check_ids(ids: Tensor, vocab_size: int, name: str) -> None:
-    """Raise ValueError unless `ids` is a (B, L) tensor of integer ids in [0, vocab_size).
+    """Raise ValueError unless `ids` is a (B, L) tensor of int64 or int32 ids in
+    [0, vocab_size) (TypeError if it is no tensor at all).
 
     The range is read on CPU tensors only: on a GPU it would wait for the device at every
     call (an id out of range stops the kernel there instead).
     """
+    if not isinstance(ids, Tensor):
+        raise TypeError(f"{name} must be a torch tensor of token ids, got {type(ids).__name__}")
     if ids.dim() != 2:
         raise ValueError(f"{name} must be (B, L) token ids, got shape {tuple(ids.shape)}")
-    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-        raise ValueError(f"{name} must hold integer token ids, got {ids.dtype}")
+    if ids.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"{name} must hold int64 (or int32) token ids, got {ids.dtype}")
     if ids.device.type == "cpu" and ids.numel() > 0 and not torch.compiler.is_compiling():
         low, high = int(ids.min()), int(ids.max())
         if low < 0 or high >= vocab_size:

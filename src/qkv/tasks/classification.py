@@ -18,7 +18,7 @@ from qkv.data.readers import read_labelled
 from qkv.data.tokenizer import Tokenizer, check_vocabulary, size_note
 from qkv.errors import ConfigError, DataError
 from qkv.model.classifier import TextClassifier
-from qkv.model.config import ModelConfig
+from qkv.model.config import MAX_POSITIONS, ModelConfig
 from qkv.run import TOKENIZER_FILE, RunConfig, data_settings, load_tokenizer
 from qkv.training.config import TrainConfig
 from qkv.training.speed import pick_device, set_threads, tune_allocator
@@ -55,9 +55,12 @@ class ClassificationData:
         """Raise ConfigError for a validation share out of range (checked for new runs only:
         a run saved with one still loads)."""
         check_vocabulary(self.vocab_size, self.min_frequency)
-        if self.max_len < 1 + self.cls:
+        if not 1 + self.cls <= self.max_len <= MAX_POSITIONS:
             extra = " with a [CLS] token (pooling=cls)" if self.cls else ""
-            raise ConfigError(f"max_len must be at least {1 + self.cls}{extra}, got {self.max_len}")
+            raise ConfigError(
+                f"max_len must be at least {1 + self.cls}{extra} and at most {MAX_POSITIONS}, "
+                f"got {self.max_len}"
+            )
         if not self.valid_file and not 0 < self.valid_fraction < 1:
             raise ConfigError(
                 f"valid_fraction is the share of the training file held out for validation, "

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qkv.errors import ConfigError
+from qkv.fits import fits
 from qkv.model.config import ModelConfig
 from qkv.tasks.dates import generate_date_pairs
 from qkv.tasks.translation import TranslationData
@@ -145,16 +146,18 @@ def run_demo(
         Accuracy, examples and the paths written.
 
     Raises:
-        ConfigError: if a size or the budget is not positive, or `out_dir/run` exists and is
-            not a qkv run.
+        ConfigError: if a size or the budget is not positive (`n_examples` may be 0), or
+            `out_dir/run` exists and is not a qkv run.
     """
     from qkv.tasks.translation import train_translation
     from qkv.viz.curves import plot_curves
 
-    if not 0 < minutes < math.inf:  # NaN fails too
-        raise ConfigError(f"the demo needs a positive, finite time budget, got {minutes} minutes")
+    if not fits(minutes, float) or not 0 < minutes < math.inf:  # NaN fails too
+        raise ConfigError(f"the demo needs a positive, finite time budget, got {minutes!r} minutes")
     if min(n_train, n_valid, n_test) < 1:
         raise ConfigError("the demo needs at least one train, valid and test pair")
+    if n_examples < 0:
+        raise ConfigError(f"n_examples must be 0 or more, got {n_examples}")
     training = demo_training(minutes, seed, eval_every)  # checks the seed before any work
     out_dir = Path(out_dir)
     data_dir, run_dir = out_dir / DATA_DIR, out_dir / RUN_DIR

@@ -24,7 +24,7 @@ from qkv.data.tokenizer import Tokenizer, check_vocabulary, size_note
 from qkv.errors import ConfigError, DataError
 from qkv.evaluation.bleu import score_translations
 from qkv.inference.translate import DecodeOptions, translate_ids
-from qkv.model.config import ModelConfig
+from qkv.model.config import MAX_POSITIONS, ModelConfig
 from qkv.model.seq2seq import Seq2SeqTransformer
 from qkv.run import TOKENIZER_FILE, RunConfig, data_settings, load_tokenizer
 from qkv.training.config import TrainConfig
@@ -51,8 +51,8 @@ class TranslationData:
         """Raise ConfigError for a setting out of range."""
         if self.valid_sentences < 0:
             raise ConfigError(f"valid_sentences must be >= 0 (0 = all), got {self.valid_sentences}")
-        if self.max_len < 1:
-            raise ConfigError(f"max_len must be >= 1, got {self.max_len}")
+        if not 1 <= self.max_len <= MAX_POSITIONS:
+            raise ConfigError(f"max_len must be between 1 and {MAX_POSITIONS}, got {self.max_len}")
         check_vocabulary(self.vocab_size, self.min_frequency)
 
 

@@ -1,0 +1,31 @@
+"""`Translator` over a tiny untrained model: what it accepts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from qkv.data.tokenizer import Tokenizer
+from qkv.inference.translator import Translator
+from qkv.model.seq2seq import Seq2SeqTransformer
+from tests.model.helpers import tiny_config
+
+SENTENCES = ["ein hund läuft", "zwei kinder spielen", "a dog runs", "two children play"]
+
+
+@pytest.fixture(scope="module")
+def translator() -> Translator:
+    tokenizer = Tokenizer.train(SENTENCES * 5, vocab_size=60, min_frequency=1)
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(tiny_config(vocab_size=tokenizer.vocab_size, max_len=32))
+    return Translator(model, tokenizer, torch.device("cpu"))
+
+
+def test_sentences_may_come_from_a_generator(translator: Translator) -> None:
+    found = translator.translate(s for s in SENTENCES[:2])  # type: ignore[arg-type]
+    assert found == translator.translate(SENTENCES[:2]) and len(found) == 2
+
+
+def test_blank_sentences_translate_to_nothing(translator: Translator) -> None:
+    found = translator.translate(["ein hund", " ", "\u200b", "zwei"], beam_size=1)
+    assert found[1:3] == ["", ""]
