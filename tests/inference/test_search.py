@@ -282,6 +282,17 @@ def test_sample_with_top_k_one_equals_greedy(seed: int) -> None:
     assert sampled == greedy
 
 
+@pytest.mark.parametrize(
+    "max_lengths", [torch.tensor([2.5, 3.0]), [3, 3], torch.tensor([3, 3], dtype=torch.int32)]
+)
+def test_budgets_must_be_a_long_tensor(max_lengths: object) -> None:
+    for search in (greedy_search, sample):
+        with pytest.raises(ValueError, match="max_lengths must be a tensor of long token counts"):
+            search(ToyDecoder(CLASSIC, [0, 1]), 2, max_lengths)  # type: ignore[operator]
+    with pytest.raises(ValueError, match="max_lengths must be a tensor of long token counts"):
+        beam_search(ToyDecoder(CLASSIC, [0, 1]), 2, 2, max_lengths)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("temperature", [1e-40, 1e-300])
 def test_a_vanishing_temperature_samples_as_greedy_search_decodes(temperature: float) -> None:
     max_lengths = lengths(*[12] * 6)

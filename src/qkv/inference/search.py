@@ -122,6 +122,7 @@ def sample(
         ValueError: if `seeds` does not hold B seeds.
     """
     check_sampling(temperature, top_k, top_p)
+    _check_lengths(batch_size, max_lengths)
     if seeds is None:
         seeds = torch.randint(2**62, (batch_size,), generator=_on_cpu(generator)).tolist()
     elif len(seeds) != batch_size:
@@ -225,6 +226,9 @@ def _check_filters(top_k: int, top_p: float) -> None:
 
 
 def _check_lengths(batch_size: int, max_lengths: Tensor) -> None:
+    if not isinstance(max_lengths, Tensor) or max_lengths.dtype != torch.long:
+        kind = max_lengths.dtype if isinstance(max_lengths, Tensor) else type(max_lengths).__name__
+        raise ValueError(f"max_lengths must be a tensor of long token counts, got {kind}")
     if max_lengths.shape != (batch_size,):
         shape = tuple(max_lengths.shape)
         raise ValueError(f"max_lengths must have shape ({batch_size},), got {shape}")

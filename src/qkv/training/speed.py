@@ -48,4 +48,10 @@ def pick_device(name: str) -> torch.device:
             f"device={name}, but torch sees no CUDA device (no GPU, or a CPU-only torch): "
             "use device=auto or device=cpu"
         )
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"unknown device {name!r}: use auto, cpu or cuda") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device={name} is not one qkv runs on: use auto, cpu or cuda")
+    return device

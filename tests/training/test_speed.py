@@ -1,0 +1,29 @@
+"""Picking the device a run or a model loaded from one works on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from qkv.errors import ConfigError
+from qkv.training.speed import pick_device
+
+
+def test_auto_and_cpu() -> None:
+    assert pick_device("cpu") == torch.device("cpu")
+    assert pick_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [("tpu", "unknown device 'tpu'"), ("meta", "device=meta is not one qkv runs on")],
+)
+def test_devices_qkv_does_not_run_on_are_refused(name: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        pick_device(name)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
+def test_cuda_without_a_gpu_says_what_to_use() -> None:
+    with pytest.raises(ConfigError, match="use device=auto or device=cpu"):
+        pick_device("cuda:0")
