@@ -204,6 +204,19 @@ def test_a_resumed_run_takes_its_new_optimiser_settings(tmp_path: Path) -> None:
     assert resumed.progress.step == 6  # the rest of the state is the checkpoint's
 
 
+def test_without_a_terminal_progress_is_printed_as_lines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    train(tmp_path, max_steps=4, log_every=2)
+    out = capsys.readouterr().out
+    assert "training 97 parameters on cpu from step 0" in out
+    assert [line.split(":")[0] for line in out.splitlines() if " train: " in line] == [
+        "step 1 train",
+        "step 2 train",
+        "step 4 train",
+    ]
+
+
 def test_early_stopped_run_stays_stopped(tmp_path: Path) -> None:
     class NeverBetter(ToyTask):
         def evaluate(self, device: torch.device) -> dict[str, float]:

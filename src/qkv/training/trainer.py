@@ -206,6 +206,8 @@ class Trainer:
     def train(self) -> Progress:
         """Run until max_epochs / max_steps / max_minutes / early stopping."""
         c, p = self.config, self.progress
+        parameters = sum(t.numel() for t in self.model.parameters() if t.requires_grad)
+        print(f"training {parameters:,} parameters on {self.device} from step {p.step}", flush=True)
         with stop_signals() as received:
             bar = tqdm(
                 total=c.max_steps or None,
@@ -319,6 +321,12 @@ class Trainer:
             }
             record.update({k: v / max(total, 1) for k, v in stats.items()})
             self.log.write(record)
+            if bar.disable and rank() == 0:  # no bar (a log file, a pipe): a line instead
+                print(
+                    f"step {p.step} train: loss {loss_per_target:.3f}, lr {lr:.2e}, "
+                    f"{total / seconds:.0f} targets/s, epoch {p.epoch}",
+                    flush=True,
+                )
         return True
 
     def graphed_step(self, max_norm: float) -> GraphedStep | None:
