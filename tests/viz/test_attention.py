@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 import torch
 from matplotlib import image as mpimg
+from matplotlib.figure import Figure
 
 from qkv.errors import QkvError
+from qkv.viz import attention
 from qkv.viz.attention import (
     DPI,
     MAX_FIGURE_INCHES,
@@ -168,3 +170,22 @@ def test_long_inputs_are_drawn_within_the_largest_figure(tmp_path: Path) -> None
     panels = [panel(tokens, tokens, f"head {h}", seed=h) for h in range(4)]
     pixels = assert_readable_png(plot_attention(panels, tmp_path / "long.png"))
     assert max(pixels.shape[:2]) <= MAX_FIGURE_INCHES * DPI + 1
+
+
+def test_a_short_panel_keeps_its_names_beside_long_ones_that_shrink(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    drawn: list[Figure] = []
+
+    def keep(figure: Figure, path: str | Path) -> Path:
+        drawn.append(figure)
+        return Path(path)
+
+    monkeypatch.setattr(attention, "save_figure", keep)
+    source, output = GERMAN[:4], [f"word{i}" for i in range(60)]
+    panels = [panel(source, source, "encoder self")]
+    panels += [panel(output, output, f"decoder self · head {h}", seed=h) for h in range(35)]
+    plot_attention(panels, tmp_path / "mixed.png")
+    axes = drawn[0].axes
+    assert [t.get_text() for t in axes[0].get_xticklabels()] == source
+    assert 0 < len(axes[1].get_xticklabels()) < len(output)  # every k-th named

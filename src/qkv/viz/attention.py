@@ -159,8 +159,8 @@ def plot_attention(
 
     The grid is roughly square with at most four columns; each panel is sized from its token
     counts and label lengths so that every token stays readable, up to `MAX_FIGURE_INCHES` a
-    side: beyond, the figure is drawn smaller and names every k-th token. All panels share one
-    colour scale from 0 to 1.
+    side: beyond, the figure is drawn smaller, and a panel whose cells become too small for
+    their names names every k-th token. All panels share one colour scale from 0 to 1.
 
     Args:
         panels: the heatmaps to draw, in reading order.
@@ -183,7 +183,6 @@ def plot_attention(
     width = n_columns * panel_width + 0.9  # + colour bar
     height = n_rows * panel_height + (0.5 if title else 0.0)
     scale = min(1.0, MAX_FIGURE_INCHES / width, MAX_FIGURE_INCHES / height)
-    every = math.ceil(1.0 / scale - 1e-9)  # name every k-th token when the cells shrink
 
     with _multilingual_text():
         figure = Figure(figsize=(width * scale, height * scale), dpi=DPI, layout="constrained")
@@ -194,7 +193,11 @@ def plot_attention(
         for ax, panel in zip(axes, panels, strict=False):
             image = ax.imshow(panel.as_array(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
             keys, queries = panel.key_tokens, panel.query_tokens
+            # Every k-th token named when the cells shrink, panel by panel: a short source
+            # beside a long output keeps all its names.
+            every = _every(keys, queries, panel_width * scale)
             ax.set_xticks(range(0, len(keys), every), keys[::every], rotation=90)
+            every = _every(queries, keys, panel_height * scale)
             ax.set_yticks(range(0, len(queries), every), queries[::every])
             ax.tick_params(labelsize=8)
             ax.set_xlabel("keys", fontsize=8)
@@ -204,6 +207,14 @@ def plot_attention(
         if title:
             figure.suptitle(title)
         return save_figure(figure, out_path)
+
+
+def _every(along: Sequence[str], across: Sequence[str], inches: float) -> int:
+    """k such that naming every k-th token `along` an axis of a panel `inches` long leaves each
+    name the room of a cell (the labels `across` take their room first)."""
+    labels = max((len(token) for token in across), default=0) * _CHAR_INCHES + 0.8
+    needed = len(along) * _CELL_INCHES
+    return max(1, math.ceil(needed / max(inches - labels, _CELL_INCHES) - 1e-9))
 
 
 def _panel_size(along: Sequence[str], across: Sequence[str]) -> float:
