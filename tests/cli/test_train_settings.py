@@ -79,6 +79,15 @@ def test_classification_settings_out_of_place(
     assert not (tmp_path / "r").exists()
 
 
+def test_a_given_validation_share_is_the_one_held_out(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, err = qkv(capsys, *classification(tmp_path / "r", "--valid-fraction", "0.5"))
+    assert code == 0, err
+    config = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert config["data"]["valid_fraction"] == 0.5
+
+
 def test_labels_are_a_list_that_must_name_every_label(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
