@@ -97,9 +97,8 @@ def sample(
 
     Each sentence draws from a random stream of its own, seeded by its entry of `seeds` (or,
     without them, by a seed drawn from `generator`), so what it draws depends on its seed and
-    its own tokens only, not on the other sentences of the batch. A draw is the exponential
-    race, which is exact: argmax over tokens of p / E with E ~ Exp(1) picks each token with
-    probability p.
+    its own tokens only, not on the other sentences of the batch. A draw takes one uniform
+    number from the stream and finds it in the row's cumulative distribution.
 
     Args:
         decoder: holds `batch_size` rows, no token fed yet.
@@ -142,12 +141,14 @@ def sample(
         # one below the dtype's smallest normal number, which would round to 0, is taken as it.
         lowest = max(temperature, torch.finfo(words.dtype).tiny)
         scaled = (words - words.amax(dim=-1, keepdim=True)) / lowest  # (N, V)
-        probs = filter_logits(scaled, top_k, top_p).softmax(dim=-1)  # (N, V)
-        race = torch.empty_like(probs)  # (N, V) one Exp(1) time per token, from each stream
-        for row, sentence in enumerate(sentences.tolist()):
-            race[row].exponential_(generator=streams[sentence])
-        # Exp(1) is 0 with probability 2^-24 or less; a floor keeps p / E a number.
-        return _argmax(probs / race.clamp_min_(torch.finfo(race.dtype).tiny))  # (N,)
+        cdf = filter_logits(scaled, top_k, top_p).softmax(dim=-1).cumsum(dim=-1)  # (N, V)
+        uniform = torch.cat(
+            [torch.rand(1, generator=streams[s], device=device) for s in sentences.tolist()]
+        )  # (N,) in [0, 1), one from each row's stream
+        # The first token whose cumulative probability reaches a point in (0, total]: each
+        # token is found with its probability, and never one of probability 0.
+        point = ((1.0 - uniform) * cdf[:, -1]).to(cdf.dtype).unsqueeze(1)  # (N, 1)
+        return torch.searchsorted(cdf, point).squeeze(1)  # (N,)
 
     return _decode_paths(decoder, batch_size, max_lengths, draw, bos_id, eos_id)
 
