@@ -29,3 +29,11 @@ def test_sentences_may_come_from_a_generator(translator: Translator) -> None:
 def test_blank_sentences_translate_to_nothing(translator: Translator) -> None:
     found = translator.translate(["ein hund", " ", "\u200b", "zwei"], beam_size=1)
     assert found[1:3] == ["", ""]
+
+
+def test_the_truncation_warning_names_the_callers_line(translator: Translator) -> None:
+    long = " ".join(["hund"] * 100)
+    for call in (translator.encode, translator.translate):
+        with pytest.warns(UserWarning, match="longer than 31 tokens were truncated") as caught:
+            call([long])
+        assert caught[0].filename == __file__

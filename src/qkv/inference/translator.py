@@ -41,6 +41,10 @@ class Translator:
 
     def encode(self, sentences: list[str]) -> list[list[int]]:
         """Token ids, truncated (with a warning) to what the model's positions allow."""
+        return self._encode(sentences)
+
+    def _encode(self, sentences: list[str]) -> list[list[int]]:
+        """`encode`, for `encode` and `translate` alike: its warning names their caller's line."""
         limit = self.model.config.max_len - 1
         ids = self.tokenizer.encode_batch(sentences)
         long = [i for i, s in enumerate(ids) if len(s) > limit]
@@ -48,7 +52,7 @@ class Translator:
             warnings.warn(
                 f"{len(long)} sentence(s) longer than {limit} tokens were truncated "
                 f"(first: #{long[0] + 1})",
-                stacklevel=2,
+                stacklevel=3,
             )
         return [s[:limit] for s in ids]
 
@@ -76,5 +80,5 @@ class Translator:
             raise TypeError(f"sentences must be strings, got {', '.join(kinds)}")
         decode = DecodeOptions(beam_size=beam_size, **options)  # type: ignore[arg-type]
         texts = ["" if is_blank(s) else s for s in sentences]
-        found = translate_ids(self.model, self.encode(texts), decode, self.device, progress)
+        found = translate_ids(self.model, self._encode(texts), decode, self.device, progress)
         return self.tokenizer.decode_batch(found)
