@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from qkv.data.readers import is_blank
+from qkv.data.readers import is_blank, lone_surrogate
 from qkv.errors import CheckpointError, ConfigError
 
 ENCODER_SELF, DECODER_SELF, CROSS = "encoder self", "decoder self", "cross"
@@ -146,10 +146,8 @@ def sentence_attention(run_dir: str | Path, text: str) -> SentenceAttention:
 
     if is_blank(text):
         raise ConfigError("the sentence to draw attention for is empty")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ConfigError("the sentence to draw attention for is not valid UTF-8 text") from None
+    if lone_surrogate(text) is not None:
+        raise ConfigError("the sentence to draw attention for is not valid UTF-8 text")
     run_dir = Path(run_dir)
     task = RunConfig.load(run_dir).task
     if task == "translation":

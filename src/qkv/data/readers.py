@@ -13,7 +13,7 @@ import io
 import json
 import unicodedata
 import zlib
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
 
 from qkv.errors import DataError
@@ -347,15 +347,35 @@ def _check_text(
     return value
 
 
+def lone_surrogate(text: str) -> str | None:
+    """ "U+D800" for the first half of a surrogate pair in `text` that no character matches (a
+    JSON escape such as \\ud800, an undecodable byte of a command-line argument), else None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return f"U+{ord(text[error.start]):04X}"
+    return None
+
+
+def texts_list(texts: Iterable[str], name: str) -> list[str]:
+    """`texts` as a list (a generator is read once), for an API that takes many texts.
+
+    Raises:
+        TypeError: if `texts` is one string, or holds something else than strings.
+    """
+    if isinstance(texts, str):
+        raise TypeError(f"{name} must be a list of strings, not one string")
+    values = list(texts)
+    if not all(isinstance(value, str) for value in values):
+        kinds = sorted({type(value).__name__ for value in values if not isinstance(value, str)})
+        raise TypeError(f"{name} must be strings, got {', '.join(kinds)}")
+    return values
+
+
 def _check_unicode(path: str | Path, value: str, field: str, line: int) -> None:
     """Refuse a lone surrogate (a JSON escape such as \\ud800 that no character matches)."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as error:
-        code = ord(value[error.start])
-        raise DataError(
-            path, f"'{field}' holds U+{code:04X}, half of a surrogate pair, not text", line=line
-        ) from None
+    if (code := lone_surrogate(value)) is not None:
+        raise DataError(path, f"'{field}' holds {code}, half of a surrogate pair, not text", line)
 
 
 def _check_label(path: str | Path, value: object, field: str, line: int) -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 from tokenizers import Tokenizer as HfTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
+from qkv.data.readers import lone_surrogate
 from qkv.data.special import SPECIAL_TOKENS, UNK
 from qkv.errors import CheckpointError, ConfigError
 from qkv.training.checkpoint import atomic_write_text
@@ -193,12 +194,9 @@ class Tokenizer:
                     raise TypeError(
                         f"text {number} is {type(text).__name__}, not a string"
                     ) from None
-                try:
-                    text.encode("utf-8")
-                except UnicodeEncodeError as error:
-                    code = ord(text[error.start])
+                if (code := lone_surrogate(text)) is not None:
                     raise ValueError(
-                        f"text {number} is not valid text: it holds U+{code:04X}, half of a "
+                        f"text {number} is not valid text: it holds {code}, half of a "
                         "surrogate pair (an undecodable byte?)"
                     ) from None
             raise

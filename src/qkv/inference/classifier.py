@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from qkv.data.batching import collate_texts, token_budget_batches
-from qkv.data.readers import is_blank
+from qkv.data.readers import is_blank, texts_list
 from qkv.data.tokenizer import Tokenizer
 from qkv.errors import CheckpointError, ConfigError
 from qkv.model.classifier import TextClassifier
@@ -55,12 +55,7 @@ class Classifier:
             ConfigError: if a text has no tokens once cleaned (nothing but spaces, line breaks
                 and invisible characters).
         """
-        if isinstance(texts, str):
-            raise TypeError("texts must be a list of strings, not one string")
-        texts = list(texts)  # a generator is read once
-        if not all(isinstance(t, str) for t in texts):
-            kinds = sorted({type(t).__name__ for t in texts if not isinstance(t, str)})
-            raise TypeError(f"texts must be strings, got {', '.join(kinds)}")
+        texts = texts_list(texts, "texts")
         ids = encode_texts(self.tokenizer, texts, self.data)
         empty = next(
             (i for i, x in enumerate(ids) if not x or is_blank(clean_text(texts[i]))), None

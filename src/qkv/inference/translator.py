@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from qkv.data.readers import is_blank
+from qkv.data.readers import is_blank, texts_list
 from qkv.data.tokenizer import Tokenizer
 from qkv.errors import CheckpointError
 from qkv.inference.translate import DecodeOptions, translate_ids
@@ -72,12 +72,7 @@ class Translator:
         Raises:
             TypeError: if `sentences` is one string, or holds something else than strings.
         """
-        if isinstance(sentences, str):
-            raise TypeError("sentences must be a list of strings, not one string")
-        sentences = list(sentences)  # a generator is read once
-        if not all(isinstance(s, str) for s in sentences):
-            kinds = sorted({type(s).__name__ for s in sentences if not isinstance(s, str)})
-            raise TypeError(f"sentences must be strings, got {', '.join(kinds)}")
+        sentences = texts_list(sentences, "sentences")
         decode = DecodeOptions(beam_size=beam_size, **options)  # type: ignore[arg-type]
         texts = ["" if is_blank(s) else s for s in sentences]
         found = translate_ids(self.model, self._encode(texts), decode, self.device, progress)
