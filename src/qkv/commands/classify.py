@@ -8,7 +8,7 @@ from pathlib import Path
 
 from qkv.cli import print_json
 from qkv.commands.io import input_lines
-from qkv.data.readers import is_blank, read_labelled, read_texts
+from qkv.data.readers import is_blank, read_texts
 from qkv.errors import ConfigError, DataError
 
 
@@ -41,20 +41,13 @@ def run(args: argparse.Namespace) -> int:
 def evaluate_classification(args: argparse.Namespace) -> int:
     from qkv.evaluation.classification import score_classification
     from qkv.inference.classifier import Classifier
-    from qkv.tasks.classification import clean_text
 
     if not args.data:
         raise ConfigError("evaluate on a classification run needs --data FILE")
     classifier = Classifier.load(args.run_dir)
     data = classifier.data
     index = {name: i for i, name in enumerate(classifier.labels)}
-    texts, gold = read_labelled(
-        Path(args.data),
-        text_field=data.text_field,
-        label_field=data.label_field,
-        known_labels=index,
-        clean=clean_text,
-    )
+    texts, gold = data.read(args.data, known_labels=index)
     predicted = classifier.probabilities(texts).argmax(-1).tolist()
     scores = score_classification([index[g] for g in gold], predicted, classifier.labels)
     if args.json:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import re
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,19 @@ class ClassificationData:
     head_tail: bool = True  # keep the head and the tail of long texts (else the head)
     cls: bool = False  # prepend a [CLS] token (set from the model's pooling)
     labels: list[str] = field(default_factory=list)  # label names, filled from the data
+
+    def read(
+        self, path: str | Path, known_labels: Collection[str] | None = None
+    ) -> tuple[list[str], list[str]]:
+        """(texts, labels) of a labelled file, read through this data's fields and refusing a
+        text that is empty once cleaned (see `readers.read_labelled`)."""
+        return read_labelled(
+            Path(path),
+            text_field=self.text_field,
+            label_field=self.label_field,
+            known_labels=known_labels,
+            clean=clean_text,
+        )
 
     def check(self) -> None:
         """Raise ConfigError for a validation share out of range (checked for new runs only:
@@ -167,12 +181,7 @@ def prepare(
     data: ClassificationData, run_dir: Path, tokenizer: Tokenizer | None, seed: int
 ) -> tuple[Tokenizer, dict[str, list[list[int]]], ClassificationData]:
     """Read, split, train (or reuse) the tokenizer, tokenize once and cache."""
-    texts, labels = read_labelled(
-        Path(data.train_file),
-        text_field=data.text_field,
-        label_field=data.label_field,
-        clean=clean_text,
-    )
+    texts, labels = data.read(data.train_file)
     if not data.valid_file:
         texts, labels, valid_texts, valid_labels = _split(
             data.train_file, texts, labels, data.valid_fraction, seed
@@ -190,13 +199,7 @@ def prepare(
         held_out = "" if data.valid_file else " once the validation share is held out"
         raise DataError(data.train_file, f"needs at least 2 labels{held_out}, found {names}")
     if data.valid_file:  # an unknown label there is named with its line
-        valid_texts, valid_labels = read_labelled(
-            Path(data.valid_file),
-            text_field=data.text_field,
-            label_field=data.label_field,
-            known_labels=names,
-            clean=clean_text,
-        )
+        valid_texts, valid_labels = data.read(data.valid_file, known_labels=names)
     elif unknown := sorted(set(valid_labels) - set(names)):
         raise DataError(
             data.train_file,

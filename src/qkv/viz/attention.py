@@ -212,16 +212,19 @@ def plot_attention(
 def _every(along: Sequence[str], across: Sequence[str], inches: float) -> int:
     """k such that naming every k-th token `along` an axis of a panel `inches` long leaves each
     name the room of a cell (the labels `across` take their room first)."""
-    labels = max((len(token) for token in across), default=0) * _CHAR_INCHES + 0.8
     needed = len(along) * _CELL_INCHES
-    return max(1, math.ceil(needed / max(inches - labels, _CELL_INCHES) - 1e-9))
+    return max(1, math.ceil(needed / max(inches - _label_room(across), _CELL_INCHES) - 1e-9))
 
 
 def _panel_size(along: Sequence[str], across: Sequence[str]) -> float:
     """Inches a panel needs in one direction: a cell per token plus room for the longest label
     of the other axis, whose labels are written across this direction."""
-    longest_label = max((len(token) for token in across), default=0)
-    return max(_MIN_PANEL_INCHES, len(along) * _CELL_INCHES + longest_label * _CHAR_INCHES + 0.8)
+    return max(_MIN_PANEL_INCHES, len(along) * _CELL_INCHES + _label_room(across))
+
+
+def _label_room(across: Sequence[str]) -> float:
+    """Inches the labels `across` a direction take in it, with the axis and its title."""
+    return max((len(token) for token in across), default=0) * _CHAR_INCHES + 0.8
 
 
 @lru_cache(maxsize=1)
