@@ -8,16 +8,16 @@ recorded once as a CUDA graph and replayed (`qkv.training.graphed.GraphedStep`).
 
 Decoding runs what `qkv translate` runs, with EOS masked so that every sentence gets exactly
 n tokens, like `min_new_tokens = max_new_tokens = n` in Hugging Face's `generate`: on a CPU
-(or with `cuda_graphs` False), `greedy_search` and `beam_search` over the model's KV-cached
-`decode_step`; on a GPU, `graphed_greedy_search` and `graphed_beam_search`, whose decoding
-step and search step are recorded together as one CUDA graph and replayed.
+(or with `cuda_graphs` False), `greedy_search` and `beam_search` over `ModelDecoder`, the
+model's KV-cached `decode_step` (greedy search takes its `step_argmax`); on a GPU,
+`graphed_greedy_search` and `graphed_beam_search`, whose decoding step and search step are
+recorded together as one CUDA graph and replayed.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import torch
@@ -32,7 +32,8 @@ from qkv.data.batching import (
     token_budget_batches,
 )
 from qkv.inference.beam import beam_search
-from qkv.inference.graphed import StaticDecoder, make_decoder
+from qkv.inference.graphed import StaticDecoder
+from qkv.inference.incremental import ModelDecoder
 from qkv.inference.search import greedy_search
 from qkv.inference.search_graphs import SearchGraphs
 from qkv.model import ModelConfig, Seq2SeqTransformer
@@ -45,23 +46,9 @@ LABEL_SMOOTHING = 0.1
 BEAM_ALPHA = 0.6
 
 
-class NoEndDecoder:
-    """Wraps a decoder so that EOS is never chosen: every sentence runs its full budget."""
-
-    def __init__(self, decoder: Any) -> None:
-        self.decoder = decoder
-
-    def step(self, tokens: Tensor) -> Tensor:
-        logits = self.decoder.step(tokens)  # (N, V)
-        logits[:, EOS] = -torch.inf
-        return logits
-
-    def select(self, rows: Tensor) -> None:
-        self.decoder.select(rows)
-
-
 class NoEndStaticDecoder(StaticDecoder):
-    """`NoEndDecoder` for the fixed-shape decoder, inside the step that the graph records."""
+    """EOS masked in the fixed-shape decoder's logits, inside the step that the graph records
+    (the eager `ModelDecoder` takes it as `never`)."""
 
     def compute(self) -> Tensor:
         logits = super().compute()  # (R, V)
@@ -161,7 +148,7 @@ class QkvSystem:
         if self.cuda_graphs and src.is_cuda:
             found = self.search_graphs().greedy(src, budget, BOS, EOS)
         else:
-            decoder = NoEndDecoder(make_decoder(self.model, src, n, src.size(0), False))
+            decoder = ModelDecoder(self.model, src, n, never=(EOS,))
             found = greedy_search(decoder, src.size(0), budget, BOS, EOS)
         return torch.tensor(found, dtype=torch.long)  # (B, n)
 
@@ -170,7 +157,7 @@ class QkvSystem:
         if self.cuda_graphs and src.is_cuda:
             found = self.search_graphs().beam(src, k, budget, BEAM_ALPHA, BOS, EOS)
         else:
-            decoder = NoEndDecoder(make_decoder(self.model, src, n, src.size(0) * k, False))
+            decoder = ModelDecoder(self.model, src, n, never=(EOS,))
             found = beam_search(decoder, src.size(0), k, budget, BEAM_ALPHA, BOS, EOS)
         return torch.tensor([hyps[0].tokens for hyps in found], dtype=torch.long)  # (B, n)
 

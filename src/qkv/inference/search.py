@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -47,9 +47,19 @@ class IncrementalDecoder(Protocol):
         """
 
 
-TokenChooser = Callable[[Tensor, Tensor], Tensor]
-"""Maps next-token logits (N, V) and each row's sentence (N,) long to the chosen next tokens
-(N,) long."""
+@runtime_checkable
+class ArgmaxDecoder(IncrementalDecoder, Protocol):
+    """A decoder that finds the argmax of its next-token logits faster than the logits
+    themselves (`ModelDecoder`: a bf16 screen settled in float32, `output_layer.py`)."""
+
+    def step_argmax(self, tokens: Tensor) -> Tensor:
+        """Feed the last token of every live row, tokens (N,) long; returns the index of each
+        row's largest next-token logit (N,) long, as `step(tokens).argmax(-1)` would."""
+
+
+NextTokens = Callable[[Tensor, Tensor], Tensor]
+"""Feeds the last tokens (N,) long to the decoder and, given each row's sentence (N,) long,
+returns the next tokens (N,) long."""
 
 
 def greedy_search(
@@ -72,9 +82,13 @@ def greedy_search(
     Returns:
         B lists of token ids, without BOS and EOS.
     """
-    return _decode_paths(
-        decoder, batch_size, max_lengths, lambda logits, _: _argmax(logits), bos_id, eos_id
-    )
+
+    def best(tokens: Tensor, _: Tensor) -> Tensor:
+        if isinstance(decoder, ArgmaxDecoder):
+            return decoder.step_argmax(tokens)  # (N,)
+        return _argmax(decoder.step(tokens))  # (N,)
+
+    return _decode_paths(decoder, batch_size, max_lengths, best, bos_id, eos_id)
 
 
 def sample(
@@ -130,8 +144,9 @@ def sample(
     streams = [torch.Generator(device=device).manual_seed(int(seed)) for seed in seeds]
     never: Tensor | None = None  # (k,) ids that are not words
 
-    def draw(logits: Tensor, sentences: Tensor) -> Tensor:
+    def draw(tokens: Tensor, sentences: Tensor) -> Tensor:
         nonlocal never
+        logits = decoder.step(tokens)  # (N, V)
         if never is None:
             ids = [i for i in (PAD_ID, bos_id) if i != eos_id and i < logits.size(-1)]
             never = torch.tensor(ids, dtype=torch.long, device=logits.device)
@@ -264,18 +279,19 @@ def _decode_paths(
     decoder: IncrementalDecoder,
     batch_size: int,
     max_lengths: Tensor,
-    choose: TokenChooser,
+    next_tokens: NextTokens,
     bos_id: int,
     eos_id: int,
 ) -> list[list[int]]:
-    """Run one path per sentence, choosing each next token with `choose`.
+    """Run one path per sentence, stepping the decoder and choosing with `next_tokens`.
 
     Args:
         decoder: holds `batch_size` rows, no token fed yet.
         batch_size: B.
         max_lengths: (B,) long, budget of generated tokens per sentence (EOS included), on the
             decoder's device.
-        choose: next-token logits (N, V) and each row's sentence (N,) -> next tokens (N,).
+        next_tokens: the last tokens (N,) and each row's sentence (N,) -> next tokens (N,),
+            by stepping `decoder`.
         bos_id: token fed at the first step.
         eos_id: token that ends a sentence.
 
@@ -299,7 +315,7 @@ def _decode_paths(
 
     step = 0
     while sentences.numel() > 0:
-        tokens = choose(decoder.step(tokens), sentences)  # (N,)
+        tokens = next_tokens(tokens, sentences)  # (N,)
         step += 1
         ended = tokens == eos_id  # (N,)
         generated[sentences, step - 1] = tokens  # (N,)

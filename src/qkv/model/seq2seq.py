@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
@@ -9,7 +11,6 @@ from qkv.model.config import ModelConfig
 from qkv.model.decoder import Decoder
 from qkv.model.embedding import TokenEmbedding, check_ids, make_embeddings
 from qkv.model.encoder import Encoder
-from qkv.model.frozen_linear import FrozenLinear
 from qkv.model.init import xavier_init
 from qkv.model.kv_cache import (
     DecoderCache,
@@ -156,13 +157,15 @@ class Seq2SeqTransformer(nn.Module):
         self,
         tokens: Tensor,
         cache: DecoderCache | StaticDecoderCache,
-        output: FrozenLinear | None = None,
+        output: Callable[[Tensor], Tensor] | None = None,
     ) -> Tensor:
-        """tokens (N,), the newest of each row -> next-token logits (N, V).
+        """tokens (N,), the newest of each row -> next-token logits (N, V), or what `output`
+        makes of the decoder's states.
 
         Args:
-            output: the output projection frozen for decoding (`FrozenLinear`, made once per
-                batch by the caller); None uses `self.output` as it is.
+            output: what to make of the decoder's states (N, D) instead of `self.output`: the
+                output projection frozen for decoding (`FrozenLinear`, made once per batch by
+                the caller), or what greedy search needs of it (the argmax, (N,)).
         """
         states = self.decoder.step(tokens[:, None], cache)[:, 0]  # (N, D)
         return self.output(states) if output is None else output(states)  # (N, V)

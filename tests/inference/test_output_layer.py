@@ -1,0 +1,139 @@
+"""The decoding output layer: its logits, and their argmax through the bf16 screen."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from qkv.data.special import EOS_ID
+from qkv.inference.incremental import ModelDecoder
+from qkv.inference.output_layer import MIN_VOCAB, OutputLayer
+from qkv.inference.search import greedy_search
+from qkv.model.frozen_linear import cpu_bf16_matmuls
+from qkv.model.seq2seq import Seq2SeqTransformer
+from tests.model.helpers import random_ids, tiny_config
+
+
+def layer(vocab_size: int, d: int = 64, bias: bool = False, seed: int = 0) -> nn.Linear:
+    torch.manual_seed(seed)
+    made = nn.Linear(d, vocab_size, bias=bias)
+    nn.init.normal_(made.weight, std=d**-0.5)
+    if bias:
+        nn.init.normal_(made.bias, std=0.5)
+    return made
+
+
+def states(rows: int, d: int = 64, seed: int = 1) -> Tensor:
+    """Rows like a decoder's: layer-normed, with a few large coordinates."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, d, generator=generator)
+    x[:, :3] *= 8
+    return nn.functional.layer_norm(x, (d,))
+
+
+@pytest.mark.parametrize(
+    ("vocab_size", "bias", "rows"),
+    [(1000, False, 64), (1027, True, 33), (130, True, 5), (4096, False, 320)],
+)
+def test_screened_argmax_is_the_argmax_of_the_float32_logits(
+    vocab_size: int, bias: bool, rows: int
+) -> None:
+    output = OutputLayer(layer(vocab_size, bias=bias), rows, screen=True)
+    x = states(rows)
+    with torch.inference_mode():
+        assert torch.equal(output.argmax(x), output.logits(x).argmax(dim=-1))
+        assert output.rounded is not None  # it did screen
+
+
+def test_the_screen_keeps_every_token_within_its_error_bound() -> None:
+    """Near-ties inside the screen's error: several tokens are candidates, float32 decides."""
+    d, vocab_size = 64, 1024
+    linear = layer(vocab_size, d)
+    with torch.no_grad():
+        base = linear.weight[7].clone()
+        for i, token in enumerate((100, 300, 700, 1000)):  # within bf16 rounding of token 7
+            linear.weight[token] = base * (1 + (i + 1) * 2e-4)
+    output = OutputLayer(linear, 8, screen=True)
+    x = base.repeat(8, 1) + 0.01 * torch.randn(8, d)
+    with torch.inference_mode():
+        exact = output.logits(x)
+        assert torch.equal(output.argmax(x), exact.argmax(dim=-1))
+        assert set(exact.argmax(dim=-1).tolist()) <= {7, 100, 300, 700, 1000}
+
+
+def test_the_screened_logits_stay_within_the_bound() -> None:
+    d = 256
+    output = OutputLayer(layer(2048, d, bias=True), 64, screen=True)
+    x = states(64, d, seed=3) * torch.logspace(-3, 3, 64)[:, None]  # norms over six decades
+    with torch.inference_mode():
+        rounded = output.rounded or output._prepare_screen()
+        screened = rounded(x.to(torch.bfloat16)).float()[:, :2048] + linear_bias(output)
+        error = (screened.double() - output.logits(x).double()).abs().amax(dim=-1)  # (N,)
+        bound = (output.scale * x.norm(dim=1) + output.offset) / 2  # e(h)
+    assert bool((error <= bound).all())
+
+
+def test_ties_go_to_the_first_token_as_with_argmax() -> None:
+    linear = layer(1024)
+    with torch.no_grad():
+        linear.weight[900] = linear.weight[40]
+        linear.weight[41] = linear.weight[40]
+    output = OutputLayer(linear, 4, screen=True)
+    x = linear.weight[40].detach().repeat(4, 1) * 5
+    with torch.inference_mode():
+        assert output.argmax(x).tolist() == [40, 40, 40, 40]
+
+
+def test_never_tokens_are_never_chosen() -> None:
+    linear = layer(1024)
+    output = OutputLayer(linear, 4, never=(3, 40), screen=True)
+    x = linear.weight[40].detach().repeat(4, 1) * 5  # token 40 would win
+    with torch.inference_mode():
+        found = output.argmax(x)
+        logits = output.logits(x)
+    assert bool(torch.isinf(logits[:, [3, 40]]).all())
+    assert 40 not in found.tolist() and torch.equal(found, logits.argmax(dim=-1))
+
+
+def test_rows_without_a_candidate_fall_back_to_the_float32_logits() -> None:
+    output = OutputLayer(layer(1024), 3, screen=True)
+    x = states(3)
+    x[1, 5] = float("nan")
+    x[2, 0] = float("inf")
+    with torch.inference_mode():
+        assert torch.equal(output.argmax(x), output.logits(x).argmax(dim=-1))
+        assert output.argmax(x[:0]).shape == (0,)
+
+
+def test_where_the_screen_applies() -> None:
+    big, small = layer(MIN_VOCAB), layer(MIN_VOCAB - 1)
+    assert OutputLayer(big, 8).screens == cpu_bf16_matmuls()
+    assert not OutputLayer(small, 8).screens
+    assert not OutputLayer(big, 8, screen=False).screens
+    assert not OutputLayer(big.to(torch.bfloat16), 8, screen=True).screens  # already bf16
+    with torch.inference_mode():  # bf16 rows take the exact path
+        output = OutputLayer(big, 8, screen=True)
+        x = states(8).to(torch.bfloat16)
+        expected = big.to(torch.bfloat16)(x).argmax(dim=-1)
+        assert torch.equal(output.argmax(x), expected)
+
+
+def test_greedy_search_takes_the_screened_argmax_and_finds_what_the_logits_give() -> None:
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(tiny_config(vocab_size=1100, d_model=64)).eval()
+    src = random_ids(6, 9, vocab=1100)
+    budget = torch.full((6,), 12, dtype=torch.long)
+    found = {}
+    with torch.inference_mode():
+        for screen in (True, False):
+            decoder = ModelDecoder(model, src, 13, never=(EOS_ID,))
+            decoder.output = OutputLayer(model.output, 6, (EOS_ID,), screen=screen)
+            found[screen] = greedy_search(decoder, 6, budget)
+            assert (decoder.output.rounded is not None) == screen
+    assert found[True] == found[False]
+    assert all(len(tokens) == 12 for tokens in found[True])  # EOS never chosen
+
+
+def linear_bias(output: OutputLayer) -> Tensor | float:
+    return 0.0 if output.bias is None else output.bias
