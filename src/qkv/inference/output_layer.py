@@ -71,6 +71,7 @@ class OutputLayer:
         self.screens = bool(screen) and weight.device.type == "cpu" and _is_float32(weight)
         self.rows = rows
         self.rounded: FrozenLinear | None = None  # made at the first `argmax`
+        self.candidates = 0  # tokens the last screened `argmax` settled in float32, all rows
 
     def _prepare_screen(self) -> FrozenLinear:
         weight = self.exact.linear.weight.detach()  # (V, D) float32
@@ -124,6 +125,7 @@ class OutputLayer:
         inside = screened.view(n * blocks, BLOCK).index_select(0, rows * blocks + block)
         pair, column = (inside >= threshold[rows, None]).nonzero().unbind(1)  # (C,) each
         rows, tokens = rows[pair], block[pair] * BLOCK + column  # (C,) candidates
+        self.candidates = tokens.numel()
         weight = self.exact.linear.weight.detach()  # (V, D)
         exact = (x.index_select(0, rows) * weight.index_select(0, tokens)).sum(dim=-1)  # (C,)
         if self.bias is not None:

@@ -1,0 +1,134 @@
+"""qkv's greedy decoding with its output layer's argmax screened in bf16 and without, interleaved.
+
+Both ways run `greedy_search` over `ModelDecoder` with the same weights on the same batches,
+taking turns batch by batch (who goes first alternates); they differ only in
+`OutputLayer.screens`. Prints sentences per second of each, their ratio, the median ratio of
+paired batches, the screen's candidates per row, and whether the tokens are the same.
+
+By default: the benchmark model (random weights) and its decoding workload, EOS masked so that
+every sentence gets exactly `--new-tokens` tokens. With `--run RUN --src FILE`: a trained run on
+real sentences, which end at EOS, batches of `--infer-batch` in file order.
+
+    python benchmarks/screen_ab.py [--threads 2] [--passes 3]
+    python benchmarks/screen_ab.py --run runs/m30k \\
+        --src ../shared/data/multi30k/test_2016_flickr.de.gz
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+import torch
+from phases import build, decode_batches
+from torch import Tensor
+from workload import EOS, SHAPES
+
+from qkv.data.readers import read_lines
+from qkv.data.special import PAD_ID
+from qkv.inference.incremental import ModelDecoder
+from qkv.inference.output_layer import OutputLayer
+from qkv.inference.search import greedy_search
+from qkv.inference.translator import Translator
+from qkv.model.seq2seq import Seq2SeqTransformer
+from qkv.training.speed import tune_allocator
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Print the comparison; return its figures."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--sentences", type=int, default=256)
+    parser.add_argument("--infer-batch", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=50)
+    parser.add_argument("--passes", type=int, default=3)
+    parser.add_argument("--run", help="a trained translation run (default: the benchmark model)")
+    parser.add_argument("--src", help="source sentences, one per line (with --run)")
+    args = parser.parse_args(argv)
+    args.device = "cpu"
+    torch.set_num_threads(args.threads)
+    tune_allocator()
+    model, batches, budget, never = workload(args)
+    candidates: list[int] = []
+    count_candidates(candidates)
+    seconds: dict[bool, list[float]] = {True: [], False: []}
+    found: dict[bool, list[list[int]]] = {True: [], False: []}
+    with torch.inference_mode():
+        for screen in (True, False):  # warm-up
+            decode(model, batches[0], budget, never, screen)
+        candidates.clear()
+        for p in range(args.passes):
+            for i, batch in enumerate(batches):
+                for screen in sorted((True, False), reverse=(p + i) % 2 == 1):
+                    start = time.perf_counter()
+                    tokens = decode(model, batch, budget, never, screen)
+                    seconds[screen].append(time.perf_counter() - start)
+                    if p == 0:
+                        found[screen] += tokens
+    n = sum(b.size(0) for b in batches) * args.passes
+    rates = {screen: n / sum(s) for screen, s in seconds.items()}
+    pairs = [off / on for on, off in zip(seconds[True], seconds[False], strict=True)]
+    rows = max(sum(len(t) for t in found[True]) * args.passes, 1)  # greedy steps, one per token
+    out = {
+        "screened_sent_per_s": rates[True],
+        "float32_sent_per_s": rates[False],
+        "ratio": rates[True] / rates[False],
+        "median_pair_ratio": statistics.median(pairs),
+        "candidates_per_row": sum(candidates) / rows,
+        "same_tokens": sum(a == b for a, b in zip(found[True], found[False], strict=True)),
+        "sentences": len(found[True]),
+    }
+    print(
+        f"greedy, screened: {out['screened_sent_per_s']:.1f} sent/s; float32 logits: "
+        f"{out['float32_sent_per_s']:.1f} sent/s; ratio {out['ratio']:.3f} (median pair "
+        f"{out['median_pair_ratio']:.3f}); {out['candidates_per_row']:.2f} candidates per row; "
+        f"same tokens for {out['same_tokens']} of {out['sentences']} sentences"
+    )
+    return out
+
+
+def workload(args: Any) -> tuple[Seq2SeqTransformer, list[Tensor], int, tuple[int, ...]]:
+    """The model, its batches of source ids, the token budget, and the tokens never chosen."""
+    if args.run is None:
+        torch.manual_seed(args.seed)
+        shape = SHAPES["base"]
+        model = build("qkv", shape).model.eval()
+        return model, decode_batches(args, shape), args.new_tokens, (EOS,)
+    translator = Translator.load(args.run, device="cpu")
+    lines = read_lines(args.src)
+    ids = translator.encode(lines)
+    batches = []
+    for i in range(0, len(ids), args.infer_batch):
+        chunk = ids[i : i + args.infer_batch]
+        width = max(len(s) for s in chunk)
+        batches.append(torch.tensor([s + [PAD_ID] * (width - len(s)) for s in chunk]))
+    budget = min(max(b.size(1) for b in batches) + 50, translator.model.config.max_len - 1)
+    return translator.model.eval(), batches, budget, ()
+
+
+def decode(
+    model: Seq2SeqTransformer, src: Tensor, budget: int, never: tuple[int, ...], screen: bool
+) -> list[list[int]]:
+    decoder = ModelDecoder(model, src, budget, never)
+    decoder.output.screens = screen
+    lengths = torch.full((src.size(0),), budget, dtype=torch.long)
+    return greedy_search(decoder, src.size(0), lengths)
+
+
+def count_candidates(counts: list[int]) -> None:
+    """Record how many candidates each screened step settles in float32."""
+    screened = OutputLayer._screened
+
+    def counting(self: OutputLayer, x: Tensor) -> Tensor:
+        found = screened(self, x)
+        counts.append(self.candidates)
+        return found
+
+    OutputLayer._screened = counting  # type: ignore[method-assign]
+
+
+if __name__ == "__main__":
+    main()
