@@ -8,7 +8,7 @@ from torch import Tensor, nn
 
 from qkv.data.special import EOS_ID
 from qkv.inference.incremental import ModelDecoder
-from qkv.inference.output_layer import MIN_VOCAB, OutputLayer
+from qkv.inference.output_layer import MIN_ROWS, MIN_VOCAB, OutputLayer
 from qkv.inference.search import greedy_search
 from qkv.model.frozen_linear import cpu_bf16_matmuls
 from qkv.model.seq2seq import Seq2SeqTransformer
@@ -113,6 +113,13 @@ def test_where_the_screen_applies() -> None:
     assert not OutputLayer(small, 8).screens
     assert not OutputLayer(big, 8, screen=False).screens
     assert not OutputLayer(big.to(torch.bfloat16), 8, screen=True).screens  # already bf16
+    with torch.inference_mode():
+        output = OutputLayer(layer(MIN_VOCAB), 8)
+        output.screens = True  # as on a CPU with native bf16 matmuls
+        output.argmax(states(MIN_ROWS - 1))
+        assert output.rounded is None  # too few rows to pay
+        output.argmax(states(MIN_ROWS))
+        assert output.rounded is not None
     with torch.inference_mode():  # bf16 rows take the exact path
         output = OutputLayer(big, 8, screen=True)
         x = states(8).to(torch.bfloat16)
