@@ -97,6 +97,12 @@ def test_never_tokens_are_never_chosen() -> None:
     assert 40 not in found.tolist() and torch.equal(found, logits.argmax(dim=-1))
 
 
+@pytest.mark.parametrize("never", [(-1,), (1024,), (3, 5000)])
+def test_never_tokens_outside_the_vocabulary_are_refused(never: tuple[int, ...]) -> None:
+    with pytest.raises(ValueError, match=r"never: token ids must be in \[0, 1024\)"):
+        OutputLayer(layer(1024), 4, never=never)
+
+
 def test_rows_without_a_candidate_fall_back_to_the_float32_logits() -> None:
     output = OutputLayer(layer(1024), 3, screen=True)
     x = states(3)

@@ -57,6 +57,9 @@ class OutputLayer:
         screen: True screens float32 rows on the CPU, any number of them (tests); False
             never; None where it pays: on a CPU with native bf16 matmuls, V >= MIN_VOCAB,
             calls of MIN_ROWS rows or more.
+
+    Raises:
+        ValueError: if a `never` id is not in [0, V).
     """
 
     def __init__(
@@ -69,6 +72,8 @@ class OutputLayer:
         self.exact = FrozenLinear(linear, rows)
         weight = linear.weight.detach()  # (V, D)
         self.vocab_size, self.d = weight.shape
+        if any(not 0 <= int(token) < self.vocab_size for token in never):
+            raise ValueError(f"never: token ids must be in [0, {self.vocab_size}), got {never}")
         self.never = torch.tensor(list(never), dtype=torch.long, device=weight.device)  # (k,)
         self.bias = None if linear.bias is None else linear.bias.detach()  # (V,)
         self.min_rows = 1 if screen else MIN_ROWS
