@@ -106,14 +106,14 @@ class OutputLayer:
             not (self.screens and x.device.type == "cpu" and _is_float32(x))
             or len(x) < self.min_rows
         ):
-            return _argmax(self.logits(x))  # (N,)
+            return _argmax(self.logits(x).float())  # (N,)
         found = self._screened(x)  # (N,)
         if bool((found == self.vocab_size).any()):  # a row with no candidate: NaN or inf
-            return _argmax(self.logits(x))  # (N,)
+            return _argmax(self.logits(x).float())  # (N,)
         return found
 
     def logits(self, x: Tensor) -> Tensor:
-        """x (..., D) -> float32 logits (..., V), the `never` tokens at -inf."""
+        """x (..., D) -> logits (..., V) in the layer's dtype, the `never` tokens at -inf."""
         logits = self.exact(x)  # (..., V)
         if self.never.numel() > 0:
             logits.index_fill_(-1, self.never, float("-inf"))
