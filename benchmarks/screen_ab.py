@@ -7,11 +7,13 @@ paired batches, the screen's candidates per row, and whether the tokens are the 
 
 By default: the benchmark model (random weights) and its decoding workload, EOS masked so that
 every sentence gets exactly `--new-tokens` tokens. With `--run RUN --src FILE`: a trained run on
-real sentences, which end at EOS, batches of `--infer-batch` in file order.
+real sentences, which end at EOS, batches of `--infer-batch` in file order; adding
+`--own-batching`, the whole file at a time through `translate_ids`, as `qkv translate` decodes
+it (length-sorted batches under a token budget, a length budget per sentence).
 
     python benchmarks/screen_ab.py [--threads 2] [--passes 3]
     python benchmarks/screen_ab.py --run runs/m30k \\
-        --src ../shared/data/multi30k/test_2016_flickr.de.gz
+        --src ../shared/data/multi30k/test_2016_flickr.de.gz [--own-batching]
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import torch
@@ -31,6 +36,7 @@ from qkv.data.special import PAD_ID
 from qkv.inference.incremental import ModelDecoder
 from qkv.inference.output_layer import OutputLayer
 from qkv.inference.search import greedy_search
+from qkv.inference.translate import DecodeOptions, translate_ids
 from qkv.inference.translator import Translator
 from qkv.model.seq2seq import Seq2SeqTransformer
 from qkv.training.speed import tune_allocator
@@ -47,28 +53,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--run", help="a trained translation run (default: the benchmark model)")
     parser.add_argument("--src", help="source sentences, one per line (with --run)")
+    parser.add_argument("--own-batching", action="store_true", help="with --run: translate_ids")
     args = parser.parse_args(argv)
     args.device = "cpu"
     torch.set_num_threads(args.threads)
     tune_allocator()
-    model, batches, budget, never = workload(args)
-    candidates: list[int] = []
-    count_candidates(candidates)
+    units, sentences = workload(args)
     seconds: dict[bool, list[float]] = {True: [], False: []}
     found: dict[bool, list[list[int]]] = {True: [], False: []}
-    with torch.inference_mode():
+    with torch.inference_mode(), counting_candidates() as candidates:
         for screen in (True, False):  # warm-up
-            decode(model, batches[0], budget, never, screen)
+            units[0](screen)
         candidates.clear()
         for p in range(args.passes):
-            for i, batch in enumerate(batches):
+            for i, unit in enumerate(units):
                 for screen in sorted((True, False), reverse=(p + i) % 2 == 1):
                     start = time.perf_counter()
-                    tokens = decode(model, batch, budget, never, screen)
+                    tokens = unit(screen)
                     seconds[screen].append(time.perf_counter() - start)
                     if p == 0:
                         found[screen] += tokens
-    n = sum(b.size(0) for b in batches) * args.passes
+    n = sentences * args.passes
     rates = {screen: n / sum(s) for screen, s in seconds.items()}
     pairs = [off / on for on, off in zip(seconds[True], seconds[False], strict=True)]
     rows = max(sum(len(t) for t in found[True]) * args.passes, 1)  # greedy steps, one per token
@@ -90,23 +95,37 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return out
 
 
-def workload(args: Any) -> tuple[Seq2SeqTransformer, list[Tensor], int, tuple[int, ...]]:
-    """The model, its batches of source ids, the token budget, and the tokens never chosen."""
+Unit = Callable[[bool], list[list[int]]]
+"""Decodes a part of the workload greedily, with the screen or without; returns its tokens."""
+
+
+def workload(args: Any) -> tuple[list[Unit], int]:
+    """The parts of the workload, timed one by one, and its number of sentences."""
     if args.run is None:
         torch.manual_seed(args.seed)
         shape = SHAPES["base"]
         model = build("qkv", shape).model.eval()
-        return model, decode_batches(args, shape), args.new_tokens, (EOS,)
+        batches = decode_batches(args, shape)
+        n = args.new_tokens
+        units = [partial(decode, model, batch, n, (EOS,)) for batch in batches]
+        return units, sum(b.size(0) for b in batches)
     translator = Translator.load(args.run, device="cpu")
-    lines = read_lines(args.src)
-    ids = translator.encode(lines)
+    ids = translator.encode(read_lines(args.src))
+    if args.own_batching:
+        options, device = DecodeOptions(beam_size=1), torch.device("cpu")
+        model = translator.model
+
+        def translate_all(screen: bool) -> list[list[int]]:
+            return screened(screen, translate_ids, model, ids, options, device)
+
+        return [translate_all], len(ids)
     batches = []
     for i in range(0, len(ids), args.infer_batch):
         chunk = ids[i : i + args.infer_batch]
         width = max(len(s) for s in chunk)
         batches.append(torch.tensor([s + [PAD_ID] * (width - len(s)) for s in chunk]))
     budget = min(max(b.size(1) for b in batches) + 50, translator.model.config.max_len - 1)
-    return translator.model.eval(), batches, budget, ()
+    return [partial(decode, translator.model, batch, budget, ()) for batch in batches], len(ids)
 
 
 def decode(
@@ -118,16 +137,37 @@ def decode(
     return greedy_search(decoder, src.size(0), lengths)
 
 
-def count_candidates(counts: list[int]) -> None:
-    """Record how many candidates each screened step settles in float32."""
-    screened = OutputLayer._screened
+def screened(screen: bool, run: Callable[..., list[list[int]]], *args: Any) -> list[list[int]]:
+    """`run(*args)` with every `OutputLayer` made meanwhile screening as it would, or not."""
+    made = OutputLayer.__init__
+
+    def init(self: OutputLayer, *a: Any, **k: Any) -> None:
+        made(self, *a, **k)
+        self.screens = self.screens and screen
+
+    OutputLayer.__init__ = init  # type: ignore[method-assign]
+    try:
+        return run(*args)
+    finally:
+        OutputLayer.__init__ = made  # type: ignore[method-assign]
+
+
+@contextmanager
+def counting_candidates() -> Iterator[list[int]]:
+    """Within: how many candidates each screened call settles in float32, call by call."""
+    counts: list[int] = []
+    screened_argmax = OutputLayer._screened
 
     def counting(self: OutputLayer, x: Tensor) -> Tensor:
-        found = screened(self, x)
+        found = screened_argmax(self, x)
         counts.append(self.candidates)
         return found
 
     OutputLayer._screened = counting  # type: ignore[method-assign]
+    try:
+        yield counts
+    finally:
+        OutputLayer._screened = screened_argmax  # type: ignore[method-assign]
 
 
 if __name__ == "__main__":

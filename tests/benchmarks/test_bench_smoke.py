@@ -58,6 +58,7 @@ def bench(monkeypatch: pytest.MonkeyPatch) -> object:
         "profile_step",
         "qkv_side",
         "report",
+        "screen_ab",
         "workload",
         "workers_phase",
     ):
@@ -196,6 +197,21 @@ def test_optimizer_ab_trains_with_both_kernels(
     rate = optimizer_ab.main(["--shape", "tiny", "--threads", "1", "--warmup", "1", "--steps", "2"])
     assert sorted(rate) == ["foreach", "fused"] and min(rate.values()) > 0
     assert "fused / foreach" in capsys.readouterr().out
+
+
+def test_screen_ab_decodes_both_ways_to_the_same_tokens(
+    bench: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import screen_ab
+
+    from qkv.inference.output_layer import OutputLayer
+
+    argv = ["--threads", "1", "--sentences", "8", "--infer-batch", "4", "--new-tokens", "3"]
+    out = screen_ab.main([*argv, "--passes", "1"])
+    assert out["sentences"] == 8 and out["same_tokens"] == 8
+    assert out["screened_sent_per_s"] > 0 and out["float32_sent_per_s"] > 0
+    assert "candidates per row" in capsys.readouterr().out
+    assert OutputLayer._screened.__name__ == "_screened"  # the counter is taken off again
 
 
 def test_decode_phase_measures_qkv_both_ways_beside_a_peer(
