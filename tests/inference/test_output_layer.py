@@ -63,15 +63,16 @@ def test_the_screen_keeps_every_token_within_its_error_bound() -> None:
         assert set(exact.argmax(dim=-1).tolist()) <= {7, 100, 300, 700, 1000}
 
 
-def test_the_screened_logits_stay_within_the_bound() -> None:
-    d = 256
-    output = OutputLayer(layer(2048, d, bias=True), 64, screen=True)
+@pytest.mark.parametrize(("d", "vocab_size"), [(256, 2048), (1024, 2051)])
+def test_the_screened_logits_stay_within_the_bound(d: int, vocab_size: int) -> None:
+    output = OutputLayer(layer(vocab_size, d, bias=True), 64, screen=True)
     x = states(64, d, seed=3) * torch.logspace(-3, 3, 64)[:, None]  # norms over six decades
     with torch.inference_mode():
         rounded = output.rounded or output._prepare_screen()
-        screened = rounded(x.to(torch.bfloat16)).float()[:, :2048] + linear_bias(output)
+        screened = rounded(x.to(torch.bfloat16)).float()[:, :vocab_size] + linear_bias(output)
         error = (screened.double() - output.logits(x).double()).abs().amax(dim=-1)  # (N,)
         bound = (output.scale * x.norm(dim=1) + output.offset) / 2  # e(h)
+        assert torch.equal(output.argmax(x), output.logits(x).argmax(dim=-1))
     assert bool((error <= bound).all())
 
 
