@@ -76,6 +76,50 @@ def test_the_screened_logits_stay_within_the_bound(d: int, vocab_size: int) -> N
     assert bool((error <= bound).all())
 
 
+def near_equal_rows(x_scale: float, w_scale: float) -> tuple[OutputLayer, Tensor]:
+    """Nine tokens within bf16's rounding of token 7, and rows close to token 7's weight."""
+    linear = layer(1024)
+    with torch.no_grad():
+        base = linear.weight[7].clone()
+        for token in range(100, 1000, 100):
+            linear.weight[token] = base + 3e-3 * torch.randn(64) * base.abs().mean()
+        linear.weight.mul_(w_scale)
+    x = (base.repeat(64, 1) + 0.01 * torch.randn(64, 64)) * x_scale
+    return OutputLayer(linear, 64, screen=True), x
+
+
+@pytest.mark.parametrize(("x_scale", "w_scale"), [(1e-24, 1.0), (1e-25, 1.0), (1.0, 1e-25)])
+def test_rows_and_weights_so_small_that_their_float32_squares_vanish(
+    x_scale: float, w_scale: float
+) -> None:
+    torch.manual_seed(0)
+    output, x = near_equal_rows(x_scale, w_scale)
+    with torch.inference_mode():
+        assert torch.equal(output.argmax(x), output.logits(x).argmax(dim=-1))
+
+
+def test_subnormal_rows_which_the_bf16_matmul_reads_as_zero() -> None:
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 1024)
+    with torch.no_grad():
+        linear.weight.normal_().mul_(1e12)
+        linear.bias.normal_().mul_(1e-27)
+    output = OutputLayer(linear, 32, screen=True)
+    x = torch.randn(32, 64) * 1e-39
+    with torch.inference_mode():
+        assert torch.equal(output.argmax(x), output.logits(x).argmax(dim=-1))
+
+
+def test_equal_logits_fall_back_instead_of_settling_every_token() -> None:
+    linear = layer(4096)
+    with torch.no_grad():
+        linear.weight.zero_()
+    output = OutputLayer(linear, 32, screen=True)
+    with torch.inference_mode():
+        assert output.argmax(states(32)).tolist() == [0] * 32  # argmax's first maximum
+    assert output.candidates == 32 * 4096  # counted, then left to the float32 logits
+
+
 def test_ties_go_to_the_first_token_as_with_argmax() -> None:
     linear = layer(1024)
     with torch.no_grad():

@@ -16,7 +16,9 @@ logits computed one dot product each, and the largest wins: the first on ties, a
 
 The result is the index `argmax` finds in the float32 logits, up to float32 rounding: a
 near-tie closer than ~1e-6 may go the other way, as it may between two float32 matmul kernels.
-A row whose screen finds no candidate (NaN or infinite states) falls back to the float32 logits.
+A row whose screen finds no candidate (NaN or infinite states) falls back to the float32 logits,
+and so does a call whose rows have more than 64 candidates each on average (equal logits).
+The bf16 matmul reads subnormal numbers as 0, which the bound covers with a term of its own.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ product saves (8,000 tokens, d_model 256, 2 threads: 0.6× the float32 logits' s
 rows, 1.0× at 16, 1.3× at 32, 1.5× at 64)."""
 _U = 2.0**-8  # bf16 unit roundoff
 _DELTA = 2.0**-24  # float32 unit roundoff
+_SMALLEST_NORMAL = 2.0**-126  # of float32 and bf16
 
 
 class OutputLayer:
@@ -91,13 +94,16 @@ class OutputLayer:
         rounded[: self.vocab_size] = weight
         self.rounded = FrozenLinear(_as_linear(rounded), self.rows)
         c = 3 * _U + 4 * _U * _U + 2 * self.d * _DELTA
-        w_max = float(weight.norm(dim=1).max())
+        w_max = float(_norms(weight).max())
         b_max = 0.0 if self.bias is None else float(self.bias.abs().max())
+        # The bf16 matmul reads subnormal inputs as 0: each side's flushed part moves a logit
+        # by at most 2⁻¹²⁶ √d times the other side's norm.
+        flushed = _SMALLEST_NORMAL * self.d**0.5
         # Twice e(h), as 2 (scale ‖h‖ + offset): with the float32 rounding of adding the bias
         # and of the threshold's own arithmetic (4δ of |logit| <= 1.1 ‖h‖ w_max + b_max), and
         # 1 % to spare.
-        self.scale = 2.02 * (c + 5 * _DELTA) * w_max
-        self.offset = 2.02 * 5 * _DELTA * b_max + 1e-30
+        self.scale = 2.02 * ((c + 5 * _DELTA) * w_max + flushed)
+        self.offset = 2.02 * (5 * _DELTA * b_max + flushed * w_max) + 1e-30
         return self.rounded
 
     def argmax(self, x: Tensor) -> Tensor:
@@ -108,7 +114,7 @@ class OutputLayer:
         ):
             return _argmax(self.logits(x).float())  # (N,)
         found = self._screened(x)  # (N,)
-        if bool((found == self.vocab_size).any()):  # a row with no candidate: NaN or inf
+        if bool((found == self.vocab_size).any()):  # no candidate (NaN, inf), or too many
             return _argmax(self.logits(x).float())  # (N,)
         return found
 
@@ -132,7 +138,7 @@ class OutputLayer:
             screened.index_fill_(1, self.never, float("-inf"))
         blocks = screened.size(1) // BLOCK
         block_max = screened.view(n, blocks, BLOCK).amax(dim=-1)  # (N, V' / 64)
-        threshold = block_max.amax(dim=-1) - (self.scale * x.norm(dim=1) + self.offset)  # (N,)
+        threshold = block_max.amax(dim=-1) - (self.scale * _norms(x) + self.offset)  # (N,)
         threshold = threshold.where(threshold.isfinite(), torch.nan)  # no candidate: fall back
 
         rows, block = (block_max >= threshold[:, None]).nonzero().unbind(1)  # (P,) each
@@ -140,6 +146,8 @@ class OutputLayer:
         pair, column = (inside >= threshold[rows, None]).nonzero().unbind(1)  # (C,) each
         rows, tokens = rows[pair], block[pair] * BLOCK + column  # (C,) candidates
         self.candidates = tokens.numel()
+        if self.candidates > n * BLOCK:  # degenerate rows (equal logits): the float32 logits
+            return torch.full((n,), vocab_size, dtype=torch.long, device=x.device)  # (N,)
         weight = self.exact.linear.weight.detach()  # (V, D)
         exact = (x.index_select(0, rows) * weight.index_select(0, tokens)).sum(dim=-1)  # (C,)
         if self.bias is not None:
@@ -149,6 +157,12 @@ class OutputLayer:
         wins = exact == best[rows]  # (C,)
         found = torch.full((n,), vocab_size, dtype=torch.long, device=x.device)  # (N,)
         return found.scatter_reduce(0, rows[wins], tokens[wins], "amin")  # (N,) first on ties
+
+
+def _norms(rows: Tensor) -> Tensor:
+    """Euclidean norms of the rows (N, D) -> (N,) float32, summed in float64: squares below
+    float32's smallest normal number would read as 0."""
+    return torch.linalg.vector_norm(rows, dim=1, dtype=torch.float64).float()
 
 
 def _is_float32(t: Tensor) -> bool:
