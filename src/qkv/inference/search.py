@@ -82,13 +82,15 @@ def greedy_search(
     Returns:
         B lists of token ids, without BOS and EOS.
     """
-
-    def best(tokens: Tensor, _: Tensor) -> Tensor:
-        if isinstance(decoder, ArgmaxDecoder):
-            return decoder.step_argmax(tokens)  # (N,)
-        return _argmax(decoder.step(tokens))  # (N,)
-
-    return _decode_paths(decoder, batch_size, max_lengths, best, bos_id, eos_id)
+    # Which way is decided once, not at every step.
+    step_argmax: Callable[[Tensor], Tensor] = (
+        decoder.step_argmax
+        if isinstance(decoder, ArgmaxDecoder)
+        else lambda tokens: _argmax(decoder.step(tokens))
+    )  # tokens (N,) -> next tokens (N,)
+    return _decode_paths(
+        decoder, batch_size, max_lengths, lambda tokens, _: step_argmax(tokens), bos_id, eos_id
+    )
 
 
 def sample(
