@@ -12,6 +12,7 @@ real sentences, which end at EOS, batches of `--infer-batch` in file order; addi
 it (length-sorted batches under a token budget, a length budget per sentence).
 
     python benchmarks/screen_ab.py [--threads 2] [--passes 3]
+    python benchmarks/screen_ab.py --calls      # single calls, by number of rows
     python benchmarks/screen_ab.py --run runs/m30k \\
         --src ../shared/data/multi30k/test_2016_flickr.de.gz [--own-batching]
 """
@@ -19,6 +20,7 @@ it (length-sorted batches under a token budget, a length budget per sentence).
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -54,10 +56,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--run", help="a trained translation run (default: the benchmark model)")
     parser.add_argument("--src", help="source sentences, one per line (with --run)")
     parser.add_argument("--own-batching", action="store_true", help="with --run: translate_ids")
+    parser.add_argument(
+        "--calls", action="store_true", help="time single output-layer calls by number of rows"
+    )
+    parser.add_argument("--repeats", type=int, default=200, help="calls per round with --calls")
     args = parser.parse_args(argv)
     args.device = "cpu"
     torch.set_num_threads(args.threads)
     tune_allocator()
+    if args.calls:
+        return time_calls(args.seed, args.repeats)
     units, sentences = workload(args)
     seconds: dict[bool, list[float]] = {True: [], False: []}
     found: dict[bool, list[list[int]]] = {True: [], False: []}
@@ -93,6 +101,44 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"same tokens for {out['same_tokens']} of {out['sentences']} sentences"
     )
     return out
+
+
+CALL_ROWS = (1, 4, 16, 32, 64, 128)
+
+
+def time_calls(seed: int, repeats: int) -> dict[str, Any]:
+    """Milliseconds of one `OutputLayer.argmax` call, screened and from the float32 logits, on
+    the benchmark model's output layer and layer-normed random states (best of 5 rounds)."""
+    torch.manual_seed(seed)
+    model = build("qkv", SHAPES["base"]).model.eval()
+    out: dict[str, Any] = {}
+    with torch.inference_mode():
+        for rows in CALL_ROWS:
+            d = model.config.d_model
+            x = torch.nn.functional.layer_norm(torch.randn(rows, d), (d,))  # (N, D)
+            screened, plain = (OutputLayer(model.output, rows, screen=s) for s in (True, False))
+            ms = {
+                "screened": best_ms(partial(screened.argmax, x), repeats),
+                "float32": best_ms(partial(plain.argmax, x), repeats),
+            }
+            out[str(rows)] = ms
+            print(
+                f"{rows} rows: screened {ms['screened']:.3f} ms, float32 logits "
+                f"{ms['float32']:.3f} ms, ratio {ms['float32'] / ms['screened']:.2f}"
+            )
+    return out
+
+
+def best_ms(call: Callable[[], Any], repeats: int) -> float:
+    for _ in range(10):
+        call()
+    best = math.inf
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(repeats):
+            call()
+        best = min(best, (time.perf_counter() - start) / repeats)
+    return 1000 * best
 
 
 Unit = Callable[[bool], list[list[int]]]

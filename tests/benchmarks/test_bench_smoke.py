@@ -214,6 +214,17 @@ def test_screen_ab_decodes_both_ways_to_the_same_tokens(
     assert OutputLayer._screened.__name__ == "_screened"  # the counter is taken off again
 
 
+def test_screen_ab_times_single_calls_by_rows(
+    bench: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import screen_ab
+
+    out = screen_ab.main(["--calls", "--repeats", "1", "--threads", "1"])
+    assert sorted(map(int, out)) == sorted(screen_ab.CALL_ROWS)
+    assert all(ms["screened"] > 0 and ms["float32"] > 0 for ms in out.values())
+    assert "128 rows: screened" in capsys.readouterr().out
+
+
 def test_decode_phase_measures_qkv_both_ways_beside_a_peer(
     bench: object, capsys: pytest.CaptureFixture[str]
 ) -> None:

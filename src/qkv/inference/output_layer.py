@@ -38,8 +38,8 @@ MIN_VOCAB = 16 * BLOCK
 """Below this many tokens, the float32 logits are as fast."""
 MIN_ROWS = 24
 """Below this many rows, the screen's few dozen small operations cost more than the faster
-product saves (8,000 tokens, d_model 256, 2 threads: 0.6× the float32 logits' speed at 1 to 4
-rows, 1.0× at 16, 1.3× at 32, 1.5× at 64)."""
+product saves (`benchmarks/screen_ab.py --calls`, 8,000 tokens, d_model 256, 2 threads: about
+0.6× the float32 logits' speed at 1 to 4 rows, 1.0× at 16, 1.1–1.2× at 32, 1.4× at 64)."""
 _U = 2.0**-8  # bf16 unit roundoff
 _DELTA = 2.0**-24  # float32 unit roundoff
 _SMALLEST_NORMAL = 2.0**-126  # of float32 and bf16
