@@ -4,8 +4,8 @@ A decoding step multiplies small matrices (64 rows by 256 columns for a batch of
 dozens of small operations. Two threads on one such step wait for each other at every
 operation. Two processes, each decoding its own batches on one thread, do not. On a 2-core
 machine that gives 1.24-1.46x the sentences per second greedy and 1.05-1.13x with beam-5 over
-three benchmark runs, the workers' start included (`benchmarks/README.md`). Translators built for CPUs work this way:
-CTranslate2's `inter_threads` is the same split.
+three benchmark runs, the workers' start included (`benchmarks/README.md`). Translators built
+for CPUs work this way: CTranslate2's `inter_threads` is the same split.
 
 The workers are forked, so they start in milliseconds and share the parent's model, whose
 weights are read and never written, so the pages stay shared. A forked child cannot use the
