@@ -77,6 +77,22 @@ def test_search_on_cuda_finds_what_it_finds_on_cpu(
     assert on_gpu == on_cpu
 
 
+def test_sampling_on_cuda_draws_what_it_draws_on_cpu(model: Seq2SeqTransformer) -> None:
+    sources = random_sources(seed=4, count=24)
+    options = DecodeOptions(sampling=True, seed=7, max_tokens=200)
+    on_cpu = translate_ids(model, sources, options, torch.device("cpu"))
+    on_gpu = translate_ids(model.to(CUDA), sources, options, CUDA)
+    assert on_gpu == on_cpu
+
+
+def test_out_of_range_ids_are_refused_before_they_reach_the_gpu(
+    model: Seq2SeqTransformer,
+) -> None:
+    with pytest.raises(ValueError, match=r"sources\[0\] holds token id 60"):
+        translate_ids(model.to(CUDA), [[5, 60]], DecodeOptions(), CUDA)
+    assert translate_ids(model, [[5, 6]], DecodeOptions(max_len_b=3), CUDA)  # still usable
+
+
 def test_bf16_training_run_on_cuda_learns_and_translates(tmp_path: Path) -> None:
     data = write_dates(tmp_path / "data", train=400, val=30)
     run = tmp_path / "run"

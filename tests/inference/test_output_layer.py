@@ -7,6 +7,7 @@ import torch
 from torch import Tensor, nn
 
 from qkv.data.special import EOS_ID
+from qkv.inference import output_layer
 from qkv.inference.incremental import ModelDecoder
 from qkv.inference.output_layer import MIN_ROWS, MIN_VOCAB, OutputLayer
 from qkv.inference.search import greedy_search
@@ -156,6 +157,16 @@ def test_rows_without_a_candidate_fall_back_to_the_float32_logits() -> None:
     with torch.inference_mode():
         assert torch.equal(output.argmax(x), output.logits(x).argmax(dim=-1))
         assert output.argmax(x[:0]).shape == (0,)
+
+
+def test_the_screen_is_off_and_the_cpu_unprobed_for_weights_elsewhere(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def probe() -> bool:
+        raise AssertionError("the CPU's bf16 matmuls were probed for weights on another device")
+
+    monkeypatch.setattr(output_layer, "cpu_bf16_matmuls", probe)
+    assert not OutputLayer(layer(MIN_VOCAB).to("meta"), 8).screens  # as on a GPU
 
 
 def test_where_the_screen_applies() -> None:

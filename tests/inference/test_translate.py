@@ -72,9 +72,23 @@ def test_a_huge_length_budget_is_the_models_longest() -> None:
     torch.manual_seed(0)
     model = Seq2SeqTransformer(tiny_config(vocab_size=60, max_len=12))
     sources, cpu = [[5, 6, 7], [8, 9]], torch.device("cpu")
-    huge = translate_ids(model, sources, DecodeOptions(beam_size=1, max_len_a=1e30), cpu)
     large = translate_ids(model, sources, DecodeOptions(beam_size=1, max_len_a=100.0), cpu)
-    assert huge == large and max(len(tokens) for tokens in huge) > 1
+    assert max(len(tokens) for tokens in large) > 1
+    for huge in (
+        {"max_len_a": 1e30},
+        {"max_len_a": 10**30},
+        {"max_len_b": 10**30},
+        {"max_len_b": 2**63 - 1},
+    ):
+        assert translate_ids(model, sources, DecodeOptions(beam_size=1, **huge), cpu) == large
+
+
+@pytest.mark.parametrize("token", [60, -1])
+def test_a_token_id_outside_the_vocabulary_is_refused_before_decoding(token: int) -> None:
+    model = Seq2SeqTransformer(tiny_config(vocab_size=60, max_len=12))
+    message = rf"sources\[1\] holds token id {token}, outside the vocabulary \[0, 60\)"
+    with pytest.raises(ValueError, match=message):
+        translate_ids(model, [[5, 6], [7, token, 8]], DecodeOptions(), torch.device("cpu"))
 
 
 def test_a_sampled_translation_depends_on_seed_and_place_not_on_batching() -> None:

@@ -80,9 +80,10 @@ class OutputLayer:
         self.never = torch.tensor(list(never), dtype=torch.long, device=weight.device)  # (k,)
         self.bias = None if linear.bias is None else linear.bias.detach()  # (V,)
         self.min_rows = 1 if screen else MIN_ROWS
+        on_cpu = weight.device.type == "cpu"
         if screen is None:
-            screen = self.vocab_size >= MIN_VOCAB and cpu_bf16_matmuls()
-        self.screens = bool(screen) and weight.device.type == "cpu" and _is_float32(weight)
+            screen = on_cpu and self.vocab_size >= MIN_VOCAB and cpu_bf16_matmuls()
+        self.screens = bool(screen) and on_cpu and _is_float32(weight)
         self.rows = rows
         self.rounded: FrozenLinear | None = None  # made at the first `argmax`
         self.candidates = 0  # tokens the last screened `argmax` settled in float32, all rows

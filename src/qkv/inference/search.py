@@ -143,7 +143,9 @@ def sample(
     elif len(seeds) != batch_size:
         raise ValueError(f"seeds must hold {batch_size} seeds, one per sentence, got {len(seeds)}")
     device = max_lengths.device
-    streams = [torch.Generator(device=device).manual_seed(int(seed)) for seed in seeds]
+    # On the CPU whatever the device: a GPU would launch one kernel per row and step for the
+    # draws, and so the same seed draws the same numbers on every device.
+    streams = [torch.Generator().manual_seed(int(seed)) for seed in seeds]
     never: Tensor | None = None  # (k,) ids that are not words
 
     def draw(tokens: Tensor, sentences: Tensor) -> Tensor:
@@ -159,9 +161,8 @@ def sample(
         lowest = max(temperature, torch.finfo(words.dtype).tiny)
         scaled = (words - words.amax(dim=-1, keepdim=True)) / lowest  # (N, V)
         cdf = filter_logits(scaled, top_k, top_p).softmax(dim=-1).cumsum(dim=-1)  # (N, V)
-        uniform = torch.cat(
-            [torch.rand(1, generator=streams[s], device=device) for s in sentences.tolist()]
-        )  # (N,) in [0, 1), one from each row's stream
+        draws = [torch.rand(1, generator=streams[s]) for s in sentences.tolist()]
+        uniform = torch.cat(draws).to(device)  # (N,) in [0, 1), one from each row's stream
         # The first token whose cumulative probability reaches a point in (0, total]: each
         # token is found with its probability, and never one of probability 0.
         point = ((1.0 - uniform) * cdf[:, -1]).to(cdf.dtype).unsqueeze(1)  # (N, 1)

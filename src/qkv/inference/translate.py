@@ -90,13 +90,33 @@ def translate_ids(
     other sentences. With `progress`, a bar of sentences done is drawn on stderr when
     stderr is a terminal. With `options.bf16`, a bfloat16 copy of the model decodes; `model`
     itself is left as it is, in the mode (training or eval) it had.
+
+    Raises:
+        ValueError: a source holds a token id outside the model's source vocabulary.
+        ConfigError: `options.workers` > 1 where workers cannot decode.
     """
     check_workers(options.workers, device)
+    _check_sources(sources, model.config.vocab_size)
     was_training = model.training
     try:
         return _translate_ids(model.eval(), sources, options, device, progress)
     finally:
         model.train(was_training)
+
+
+def _check_sources(sources: list[list[int]], vocab_size: int) -> None:
+    """Raise ValueError for a token id outside [0, vocab_size), naming the sentence.
+
+    Read here, on the host, before any batch: on a GPU an id out of range would stop the
+    embedding's kernel instead, and leave the process's CUDA context unusable.
+    """
+    for number, sentence in enumerate(sources):
+        for token in sentence:
+            if not 0 <= token < vocab_size:
+                raise ValueError(
+                    f"sources[{number}] holds token id {token}, outside the vocabulary "
+                    f"[0, {vocab_size})"
+                )
 
 
 def _translate_ids(
@@ -152,8 +172,10 @@ def _decode_batch(
     batch = src.size(0)
     src_lengths = (src != PAD_ID).sum(1)  # (B,)
     limit = model.config.max_len - 1
-    budgets = src_lengths * options.max_len_a + options.max_len_b  # (B,) float
-    max_lengths = budgets.clamp(0, limit).long()  # clamped first: a long cannot hold 1e30
+    # Terms beyond the limit are cut to it first: the budget is cut there anyway, and a
+    # Python int such as 10**30 fits in no tensor (and a long would wrap).
+    budgets = src_lengths * min(options.max_len_a, limit) + min(options.max_len_b, limit)
+    max_lengths = budgets.clamp(0, limit).long()  # (B,)
     if graphs is not None and not options.sampling:  # whole search steps as graph replays
         if options.beam_size > 1:
             found = graphs.beam(src, options.beam_size, max_lengths, options.alpha)
