@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from qkv.cli import main
+from qkv.data.tokenizer import Tokenizer
 from qkv.inference.beam import beam_search
+from qkv.inference.classifier import Classifier
 from qkv.inference.graphed import StaticDecoder
 from qkv.inference.graphed_search import graphed_beam_search, graphed_greedy_search
 from qkv.inference.incremental import ModelDecoder
@@ -18,7 +20,9 @@ from qkv.inference.precision import decoding_model
 from qkv.inference.search import greedy_search
 from qkv.inference.translate import DecodeOptions, translate_ids
 from qkv.inference.translator import Translator
+from qkv.model.classifier import TextClassifier
 from qkv.model.seq2seq import Seq2SeqTransformer
+from qkv.tasks.classification import ClassificationData
 from qkv.tasks.dates import generate_date_pairs
 from qkv.training.graphed import GraphedStep
 from qkv.training.optimizer import adamw
@@ -91,6 +95,17 @@ def test_out_of_range_ids_are_refused_before_they_reach_the_gpu(
     with pytest.raises(ValueError, match=r"sources\[0\] holds token id 60"):
         translate_ids(model.to(CUDA), [[5, 60]], DecodeOptions(), CUDA)
     assert translate_ids(model, [[5, 6]], DecodeOptions(max_len_b=3), CUDA)  # still usable
+
+
+def test_a_classifier_on_cuda_gives_the_cpus_probabilities() -> None:
+    texts = ["a warm and funny film", "dull, slow and far too long", "I loved it", "the worst"]
+    tokenizer = Tokenizer.train(texts * 5, vocab_size=60, min_frequency=1)
+    config = tiny_config(vocab_size=tokenizer.vocab_size, n_decoder_layers=0, n_classes=2)
+    data = ClassificationData(labels=["neg", "pos"], max_len=16)
+    model = TextClassifier(config)
+    on_cpu = Classifier(model, tokenizer, data, torch.device("cpu")).probabilities(texts)
+    on_gpu = Classifier(model, tokenizer, data, CUDA).probabilities(texts)
+    torch.testing.assert_close(on_gpu, on_cpu, atol=1e-5, rtol=1e-4)
 
 
 def test_bf16_training_run_on_cuda_learns_and_translates(tmp_path: Path) -> None:

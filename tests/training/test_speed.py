@@ -27,3 +27,12 @@ def test_devices_qkv_does_not_run_on_are_refused(name: str, message: str) -> Non
 def test_cuda_without_a_gpu_says_what_to_use() -> None:
     with pytest.raises(ConfigError, match="use device=auto or device=cpu"):
         pick_device("cuda:0")
+
+
+def test_a_gpu_beyond_those_torch_sees_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert pick_device("cuda:1") == torch.device("cuda:1")
+    assert pick_device("cuda") == torch.device("cuda")
+    with pytest.raises(ConfigError, match=r"device=cuda:2, but torch sees 2 CUDA device\(s\)"):
+        pick_device("cuda:2")
