@@ -54,10 +54,28 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
         help="on a GPU, launch every kernel of decoding and search from Python (default: "
         "replay each step of the model and the search as one CUDA graph)",
     )
+    _add_length_options(translate)
     _add_speed_options(translate)
     translate.add_argument("--input", metavar="FILE", help="one sentence per line (default stdin)")
     translate.add_argument("--output", metavar="FILE", help="default stdout")
     translate.set_defaults(run=_run_translate)
+
+
+def _add_length_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--max-len-a",
+        type=float,
+        metavar="A",
+        help="an output stops after A x its source's tokens + B tokens (default 1.5), and "
+        "within the model's positions",
+    )
+    parser.add_argument("--max-len-b", type=int, metavar="B", help="see --max-len-a (default 10)")
+
+
+def length_options(args: argparse.Namespace) -> dict[str, float]:
+    """The output length settings given on the command line (the others keep their defaults)."""
+    given = {"max_len_a": args.max_len_a, "max_len_b": args.max_len_b}
+    return {name: value for name, value in given.items() if value is not None}
 
 
 def _add_speed_options(parser: argparse.ArgumentParser) -> None:
@@ -84,6 +102,7 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--data", metavar="FILE", help="classification: labelled file")
     evaluate.add_argument("--beam", type=int, default=5, help="beam size (1 = greedy)")
     evaluate.add_argument("--alpha", type=float, default=0.6, help="length penalty exponent")
+    _add_length_options(evaluate)
     _add_speed_options(evaluate)
     evaluate.add_argument("--json", action="store_true", help="print one JSON object")
     evaluate.set_defaults(run=_run_evaluate)

@@ -225,6 +225,30 @@ def test_evaluate_takes_and_records_the_length_penalty(
     assert code == 2 and "alpha must be between 0 and 10" in err, err
 
 
+def test_translate_and_evaluate_take_the_output_length_cap(
+    translation_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = TRANSLATION.parent.parent / "text"
+    source = corpus / "src.de"
+    code, uncapped, err = qkv(capsys, "translate", translation_run, "--input", source)
+    assert code == 0, err
+    assert max(len(line.split()) for line in uncapped.splitlines()) > 2
+    cap = ["--max-len-a", "0", "--max-len-b", "2"]
+    code, capped, err = qkv(capsys, "translate", translation_run, "--input", source, *cap)
+    assert code == 0, err
+    lines = capped.splitlines()
+    assert len(lines) == len(uncapped.splitlines())
+    assert max(len(line.split()) for line in lines) <= 2
+    files = ["--src", source, "--ref", corpus / "ref.en", "--json", "--beam", "1"]
+    code, out, err = qkv(capsys, "evaluate", translation_run, *files, "--max-len-b", "4")
+    assert code == 0, err
+    assert (json.loads(out)["max_len_a"], json.loads(out)["max_len_b"]) == (1.5, 4)
+    code, _, err = qkv(capsys, "translate", translation_run, "--input", source, "--max-len-a", "-1")
+    assert (
+        code == 2 and err == "qkv: max_len_a and max_len_b must be >= 0 and finite, got -1.0, 10\n"
+    )
+
+
 def test_a_run_being_trained_is_not_trained_by_a_second_process(
     translation_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

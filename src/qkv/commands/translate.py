@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from qkv.cli import length_options
 from qkv.commands.io import check_output, input_lines, write_lines
 
 
@@ -28,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
         workers=args.workers,
         bf16=args.bf16,
         progress=True,
+        **length_options(args),
     )
     write_lines(args.output, outputs)
     return 0
