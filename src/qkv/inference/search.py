@@ -143,8 +143,8 @@ def sample(
     elif len(seeds) != batch_size:
         raise ValueError(f"seeds must hold {batch_size} seeds, one per sentence, got {len(seeds)}")
     device = max_lengths.device
-    # On the CPU whatever the device: a GPU would launch one kernel per row and step for the
-    # draws, and so the same seed draws the same numbers on every device.
+    # Drawn on the CPU whatever the device: on a GPU each row's draw would be a kernel launch
+    # of its own at every step. A seed thus draws the same numbers on every device.
     streams = [torch.Generator().manual_seed(int(seed)) for seed in seeds]
     never: Tensor | None = None  # (k,) ids that are not words
 
