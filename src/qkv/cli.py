@@ -65,17 +65,18 @@ def _add_length_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-len-a",
         type=float,
+        default=1.5,
         metavar="A",
-        help="an output stops after A x its source's tokens + B tokens (default 1.5), and "
-        "within the model's positions",
+        help="an output stops after A x its source's tokens + B tokens, and within the "
+        "model's positions (default %(default)s)",
     )
-    parser.add_argument("--max-len-b", type=int, metavar="B", help="see --max-len-a (default 10)")
-
-
-def length_options(args: argparse.Namespace) -> dict[str, float]:
-    """The output length settings given on the command line (the others keep their defaults)."""
-    given = {"max_len_a": args.max_len_a, "max_len_b": args.max_len_b}
-    return {name: value for name, value in given.items() if value is not None}
+    parser.add_argument(
+        "--max-len-b",
+        type=int,
+        default=10,
+        metavar="B",
+        help="see --max-len-a (default %(default)s)",
+    )
 
 
 def _add_speed_options(parser: argparse.ArgumentParser) -> None:

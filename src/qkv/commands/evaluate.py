@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from qkv.cli import length_options, print_json
+from qkv.cli import print_json
 from qkv.errors import ConfigError
 from qkv.run import RunConfig
 
@@ -22,7 +22,6 @@ def run(args: argparse.Namespace) -> int:
 def _translation(args: argparse.Namespace) -> int:
     from qkv.data.readers import read_parallel
     from qkv.evaluation.bleu import score_translations
-    from qkv.inference.translate import DecodeOptions
     from qkv.inference.translator import Translator
     from qkv.training.speed import tune_allocator
 
@@ -38,13 +37,18 @@ def _translation(args: argparse.Namespace) -> int:
         progress=True,
         workers=args.workers,
         bf16=args.bf16,
-        **length_options(args),
+        max_len_a=args.max_len_a,
+        max_len_b=args.max_len_b,
     )
     scores = score_translations(hypotheses, references)
     if args.json:
-        lengths = {"max_len_a": DecodeOptions.max_len_a, "max_len_b": DecodeOptions.max_len_b}
-        lengths |= length_options(args)  # the defaults, unless given
-        settings = {"beam": args.beam, "alpha": args.alpha, "bf16": args.bf16, **lengths}
+        settings = {
+            "beam": args.beam,
+            "alpha": args.alpha,
+            "bf16": args.bf16,
+            "max_len_a": args.max_len_a,
+            "max_len_b": args.max_len_b,
+        }
         print_json({**settings, **scores.to_dict()})
     else:
         print(f"BLEU {scores.bleu:.2f}  ({scores.bleu_signature})")

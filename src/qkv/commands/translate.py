@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from qkv.cli import length_options
 from qkv.commands.io import check_output, input_lines, write_lines
 
 
@@ -28,8 +27,9 @@ def run(args: argparse.Namespace) -> int:
         cuda_graphs=not args.no_cuda_graphs,
         workers=args.workers,
         bf16=args.bf16,
+        max_len_a=args.max_len_a,
+        max_len_b=args.max_len_b,
         progress=True,
-        **length_options(args),
     )
     write_lines(args.output, outputs)
     return 0

@@ -54,9 +54,10 @@ def pick_device(name: str) -> torch.device:
         raise ConfigError(f"unknown device {name!r}: use auto, cpu or cuda") from None
     if device.type not in ("cpu", "cuda"):
         raise ConfigError(f"device={name} is not one qkv runs on: use auto, cpu or cuda")
-    count = torch.cuda.device_count() if device.type == "cuda" else 0
-    if device.index is not None and device.type == "cuda" and device.index >= count:
-        raise ConfigError(
-            f"device={name}, but torch sees {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
-        )
+    if device.type == "cuda" and device.index is not None:
+        count = torch.cuda.device_count()
+        if device.index >= count:
+            raise ConfigError(
+                f"device={name}, but torch sees {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
+            )
     return device
