@@ -17,6 +17,7 @@ from torch import Tensor
 
 from qkv.data.batching import pad_ids, round_up
 from qkv.data.special import BOS_ID, EOS_ID
+from qkv.graphs import on_side_stream
 from qkv.inference.beam import Hypothesis, check_beam_size
 from qkv.inference.graphed import StaticDecoder
 from qkv.inference.graphed_search import FixedBeams, FixedGreedy
@@ -66,10 +67,8 @@ class SearchGraphs:
         _check_lengths(batch, max_lengths)
         if batch == 0:
             return []
-        src_ids, max_lengths = self._padded(src_ids, max_lengths)
-        key = ("greedy", bos_id, eos_id)
-        search = self._entry(src_ids, max_lengths, key, 1, lambda d: FixedGreedy(d, bos_id, eos_id))
-        return self._run(search, max_lengths)[:batch]
+        kind = ("greedy", bos_id, eos_id)
+        return self._search(src_ids, max_lengths, kind, 1, lambda d: FixedGreedy(d, bos_id, eos_id))
 
     def beam(
         self,
@@ -86,16 +85,35 @@ class SearchGraphs:
         _check_lengths(batch, max_lengths)
         if batch == 0:
             return []
-        src_ids, max_lengths = self._padded(src_ids, max_lengths)
-        key = ("beam", alpha, bos_id, eos_id)
-        search = self._entry(
+        kind = ("beam", alpha, bos_id, eos_id)
+        return self._search(
             src_ids,
             max_lengths,
-            key,
+            kind,
             beam_size,
             lambda d: FixedBeams(d, beam_size, alpha, bos_id, eos_id),
         )
-        return self._run(search, max_lengths)[:batch]
+
+    def _search(
+        self,
+        src_ids: Tensor,
+        max_lengths: Tensor,
+        kind: tuple[object, ...],
+        beam_size: int,
+        make: Callable[[StaticDecoder], FixedGreedy | FixedBeams],
+    ) -> list[Any]:
+        """The search of this kind run on sources (B, S) with budgets (B,): one result per row.
+
+        All of its GPU work, eager and replayed, runs on the side stream that graphs are
+        recorded on, so that decoding uses one cuBLAS workspace."""
+        batch = src_ids.size(0)
+        with on_side_stream(src_ids.device):
+            src_ids, max_lengths = self._padded(src_ids, max_lengths)
+            search = self._entry(src_ids, max_lengths, kind, beam_size, make)
+            found = search.run(max_lengths)
+        if self.pool is None and search.graph is not None:
+            self.pool = search.graph.pool()
+        return found[:batch]
 
     def _padded(self, src_ids: Tensor, max_lengths: Tensor) -> tuple[Tensor, Tensor]:
         """Rows and source positions up to the next multiples: (B', S') and (B',)."""
@@ -130,9 +148,3 @@ class SearchGraphs:
             search.decoder.load(src_ids)
         self.entries[key] = search
         return search
-
-    def _run(self, search: FixedGreedy | FixedBeams, max_lengths: Tensor) -> list[Any]:
-        found = search.run(max_lengths)
-        if self.pool is None and search.graph is not None:
-            self.pool = search.graph.pool()
-        return found
