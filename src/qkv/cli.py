@@ -79,7 +79,18 @@ def _add_length_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_device(parser: argparse.ArgumentParser, workers: bool = False) -> None:
+    note = "; with --workers above 1, auto is the CPU" if workers else ""
+    parser.add_argument(
+        "--device",
+        default="auto",
+        help=f"auto (a GPU when torch sees one, else the CPU), cpu, cuda or cuda:N{note} "
+        "(default %(default)s)",
+    )
+
+
 def _add_speed_options(parser: argparse.ArgumentParser) -> None:
+    _add_device(parser, workers=True)
     parser.add_argument(
         "--workers",
         type=int,
@@ -118,6 +129,7 @@ def _add_classify(sub: argparse._SubParsersAction) -> None:
         help="one text per line, or JSONL / CSV / TSV with the run's text field",
     )
     classify.add_argument("--json", action="store_true", help="one JSON object per line")
+    _add_device(classify)
     classify.set_defaults(run=_lazy("classify"))
 
 
@@ -248,6 +260,14 @@ def os_problem(error: OSError) -> str:
     reason = error.strerror or str(error)
     path = error.filename2 if error.filename2 is not None else error.filename
     return f"{path}: {reason.lower()}" if path is not None else reason
+
+
+def device_name(args: argparse.Namespace) -> str:
+    """The device a command runs on: --device, where auto means the CPU when --workers asks
+    for CPU processes."""
+    if args.device == "auto" and getattr(args, "workers", 1) > 1:
+        return "cpu"
+    return str(args.device)
 
 
 def print_json(data: object) -> None:

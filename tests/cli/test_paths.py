@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from qkv.cli import main
 from qkv.training.checkpoint import UMASK
@@ -247,6 +248,33 @@ def test_translate_and_evaluate_take_the_output_length_cap(
     assert (
         code == 2 and err == "qkv: max_len_a and max_len_b must be >= 0 and finite, got -1.0, 10\n"
     )
+
+
+def test_translate_evaluate_and_classify_take_a_device(
+    translation_run: Path,
+    review_run: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    corpus = TRANSLATION.parent.parent / "text"
+    source = ["--input", corpus / "src.de", "--beam", "1"]
+    code, on_cpu, err = qkv(capsys, "translate", translation_run, *source, "--device", "cpu")
+    assert code == 0 and len(on_cpu.splitlines()) == 8, err
+    files = ["--src", corpus / "src.de", "--ref", corpus / "ref.en", "--json"]
+    code, out, err = qkv(capsys, "evaluate", translation_run, *files, "--device", "cpu")
+    assert code == 0 and "bleu" in json.loads(out), err
+    texts = tmp_path / "texts.txt"
+    texts.write_text("a warm film\na dull film\n")
+    code, out, err = qkv(capsys, "classify", review_run, "--input", texts, "--device", "cpu")
+    assert code == 0 and len(out.splitlines()) == 2, err
+    code, _, err = qkv(capsys, "translate", translation_run, *source, "--device", "tpu")
+    assert code == 2 and err.startswith("qkv: ") and "use auto, cpu or cuda" in err, err
+    # Where torch sees a GPU, --workers above 1 with --device auto decode on the CPU.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    code, in_workers, err = qkv(capsys, "translate", translation_run, *source, "--workers", "2")
+    assert code == 0, err
+    assert in_workers == on_cpu
 
 
 def test_a_run_being_trained_is_not_trained_by_a_second_process(

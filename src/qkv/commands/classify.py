@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from qkv.cli import print_json
+from qkv.cli import device_name, print_json
 from qkv.commands.io import input_lines
 from qkv.data.readers import is_blank, read_texts
 from qkv.errors import ConfigError, DataError
@@ -16,7 +16,7 @@ def run(args: argparse.Namespace) -> int:
     from qkv.inference.classifier import Classifier
     from qkv.tasks.classification import clean_text
 
-    classifier = Classifier.load(args.run_dir)
+    classifier = Classifier.load(args.run_dir, device_name(args))
     if args.input:
         field = classifier.data.text_field
         texts = read_texts(Path(args.input), text_field=field, clean=clean_text)
@@ -44,7 +44,7 @@ def evaluate_classification(args: argparse.Namespace) -> int:
 
     if not args.data:
         raise ConfigError("evaluate on a classification run needs --data FILE")
-    classifier = Classifier.load(args.run_dir)
+    classifier = Classifier.load(args.run_dir, device_name(args))
     data = classifier.data
     index = {name: i for i, name in enumerate(classifier.labels)}
     texts, gold = data.read(args.data, known_labels=index)

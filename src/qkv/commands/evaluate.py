@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from qkv.cli import print_json
+from qkv.cli import device_name, print_json
 from qkv.errors import ConfigError
 from qkv.run import RunConfig
 
@@ -29,7 +29,7 @@ def _translation(args: argparse.Namespace) -> int:
         raise ConfigError("evaluate on a translation run needs --src FILE and --ref FILE")
     sources, references = read_parallel(Path(args.src), Path(args.ref))
     tune_allocator()  # decoding allocates the same large blocks every step
-    translator = Translator.load(args.run_dir)
+    translator = Translator.load(args.run_dir, device_name(args))
     hypotheses = translator.translate(
         sources,
         beam_size=args.beam,

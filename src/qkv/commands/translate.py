@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from qkv.cli import device_name
 from qkv.commands.io import check_output, input_lines, write_lines
 
 
@@ -13,7 +14,7 @@ def run(args: argparse.Namespace) -> int:
 
     tune_allocator()  # decoding allocates the same large blocks every step
     check_output(args.output)  # before the work, not after
-    translator = Translator.load(args.run_dir)
+    translator = Translator.load(args.run_dir, device_name(args))
     lines = input_lines(args.input)
     outputs = translator.translate(
         lines,
