@@ -66,7 +66,7 @@ def test_a_dead_worker_is_a_clear_error() -> None:
 def test_workers_need_a_cpu_and_fork(monkeypatch: pytest.MonkeyPatch) -> None:
     check_workers(1, torch.device("cuda"))
     check_workers(2, torch.device("cpu"))
-    with pytest.raises(ConfigError, match="on a CPU only; this model is on cuda"):
+    with pytest.raises(ConfigError, match=r"on a CPU only; this model is on cuda \(--device cpu"):
         check_workers(2, torch.device("cuda"))
     monkeypatch.setattr(workers_module.multiprocessing, "get_all_start_methods", lambda: ["spawn"])
     with pytest.raises(ConfigError, match="started by fork"):

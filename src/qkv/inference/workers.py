@@ -42,7 +42,10 @@ _JOB: Callable[[int], Any] | None = None
 def check_workers(workers: int, device: torch.device) -> None:
     """Raise ConfigError when `workers` > 1 processes cannot decode on `device`."""
     if workers > 1 and device.type != "cpu":
-        raise ConfigError(f"workers > 1 decode on a CPU only; this model is on {device.type}")
+        raise ConfigError(
+            f"workers > 1 decode on a CPU only; this model is on {device.type} "
+            "(--device cpu, or Translator.load(run, device='cpu'))"
+        )
     if workers > 1 and "fork" not in multiprocessing.get_all_start_methods():
         raise ConfigError("workers > 1 need processes started by fork, which this system lacks")
 
