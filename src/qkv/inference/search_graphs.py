@@ -63,10 +63,6 @@ class SearchGraphs:
         self, src_ids: Tensor, max_lengths: Tensor, bos_id: int = BOS_ID, eos_id: int = EOS_ID
     ) -> list[list[int]]:
         """`graphed_greedy_search` of sources (B, S) with budgets (B,) on their device."""
-        batch = src_ids.size(0)
-        _check_lengths(batch, max_lengths)
-        if batch == 0:
-            return []
         kind = ("greedy", bos_id, eos_id)
         return self._search(src_ids, max_lengths, kind, 1, lambda d: FixedGreedy(d, bos_id, eos_id))
 
@@ -81,10 +77,6 @@ class SearchGraphs:
     ) -> list[list[Hypothesis]]:
         """`graphed_beam_search` of sources (B, S) with budgets (B,) on their device."""
         check_beam_size(beam_size)
-        batch = src_ids.size(0)
-        _check_lengths(batch, max_lengths)
-        if batch == 0:
-            return []
         kind = ("beam", alpha, bos_id, eos_id)
         return self._search(
             src_ids,
@@ -104,12 +96,28 @@ class SearchGraphs:
     ) -> list[Any]:
         """The search of this kind run on sources (B, S) with budgets (B,): one result per row.
 
-        All of its GPU work, eager and replayed, runs on the side stream that graphs are
-        recorded on, so that decoding uses one cuBLAS workspace."""
+        The search of the padded batch's shape is reused, its decoder loaded with these
+        sources, or made. All of its GPU work, eager and replayed, runs on the side stream
+        that graphs are recorded on, so that decoding uses one cuBLAS workspace."""
         batch = src_ids.size(0)
+        _check_lengths(batch, max_lengths)
+        if batch == 0:
+            return []
         with on_side_stream(src_ids.device):
             src_ids, max_lengths = self._padded(src_ids, max_lengths)
-            search = self._entry(src_ids, max_lengths, kind, beam_size, make)
+            longest = max(int(max_lengths.max()), 1)
+            steps = min(round_up(longest, self.LENGTHS), self.model.config.max_len)
+            key = (*kind, beam_size, *src_ids.shape, steps)
+            search = self.entries.pop(key, None)
+            if search is None:
+                while len(self.entries) >= self.max_entries:
+                    self.entries.popitem(last=False)  # the least recently used shape
+                rows = src_ids.size(0) * beam_size
+                search = make(self.decoder_type(self.model, src_ids, steps, rows))
+                search.pool = self.pool
+            else:
+                search.decoder.load(src_ids)
+            self.entries[key] = search
             found = search.run(max_lengths)
         if self.pool is None and search.graph is not None:
             self.pool = search.graph.pool()
@@ -124,27 +132,3 @@ class SearchGraphs:
         budgets = max_lengths.new_zeros(rows)  # (B',)
         budgets[:batch] = max_lengths
         return padded, budgets
-
-    def _entry(
-        self,
-        src_ids: Tensor,
-        max_lengths: Tensor,
-        kind: tuple[object, ...],
-        beam_size: int,
-        make: Callable[[StaticDecoder], FixedGreedy | FixedBeams],
-    ) -> FixedGreedy | FixedBeams:
-        """The search of this kind and shape, its decoder loaded with these sources."""
-        longest = max(int(max_lengths.max()), 1)
-        steps = min(round_up(longest, self.LENGTHS), self.model.config.max_len)
-        key = (*kind, beam_size, *src_ids.shape, steps)
-        search = self.entries.pop(key, None)
-        if search is None:
-            while len(self.entries) >= self.max_entries:
-                self.entries.popitem(last=False)  # the least recently used shape
-            rows = src_ids.size(0) * beam_size
-            search = make(self.decoder_type(self.model, src_ids, steps, rows))
-            search.pool = self.pool
-        else:
-            search.decoder.load(src_ids)
-        self.entries[key] = search
-        return search
