@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from qkv.training.trainer import MetricsLog
+from qkv.training.metrics_log import MetricsLog
 
 
 def test_jsonl_and_tensorboard_mirror(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

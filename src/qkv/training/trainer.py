@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import math
-import os
 import signal
 import time
 from collections.abc import Iterator, Sequence
@@ -21,6 +19,7 @@ from qkv.errors import CheckpointError, QkvError
 from qkv.training import checkpoint as ckpt
 from qkv.training.config import TrainConfig
 from qkv.training.graphed import GraphedStep
+from qkv.training.metrics_log import MetricsLog, rank
 from qkv.training.optimizer import adamw
 from qkv.training.schedules import inverse_sqrt
 from qkv.training.task import GraphableTask, TrainingTask
@@ -49,59 +48,6 @@ class Progress:
     skipped_steps: int = 0  # non-finite steps in all
     done: bool = False
     history: list[dict[str, float]] = field(default_factory=list)
-
-
-def rank() -> int:
-    """This process's rank under torchrun (0 when not distributed)."""
-    return int(os.environ.get("RANK", "0"))
-
-
-class MetricsLog:
-    """Append-only JSONL metrics in the run directory (main process only), mirrored to
-    TensorBoard under RUN/tensorboard when the `tensorboard` package is installed."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.board: Any = None
-
-    def write(self, record: dict[str, Any]) -> None:
-        if rank() != 0:
-            return
-        with self.path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
-            handle.flush()
-        board = self._board()
-        if board is not None:
-            for key, value in record.items():
-                if isinstance(value, (int, float)) and key not in ("step", "epoch"):
-                    board.add_scalar(
-                        f"{record.get('split', 'train')}/{key}", value, record.get("step", 0)
-                    )
-            board.flush()
-
-    def _board(self) -> Any:
-        if self.board is None:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                self.board = False
-                return None
-            self.board = SummaryWriter(str(self.path.parent / "tensorboard"))
-        return self.board or None
-
-    def truncate_after(self, step: int) -> None:
-        """Drop records newer than `step` (written after the checkpoint we resume from)."""
-        if not self.path.exists():
-            return
-        kept = []
-        for line in self.path.read_text(encoding="utf-8").splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(record, dict) and record.get("step", 0) <= step:
-                kept.append(line)
-        ckpt.atomic_write_text(self.path, "".join(x + "\n" for x in kept))
 
 
 @contextlib.contextmanager
@@ -260,7 +206,6 @@ class Trainer:
         self.model.train()
         lr = inverse_sqrt(p.step + 1, c.lr, c.warmup)
         total = sum(self.task.n_targets(b) for b in group)
-        loss_sum, stats = 0.0, dict[str, float]()
         # With clipping off, an infinite max_norm still measures the norm (and scales by 1).
         max_norm = c.clip_norm if c.clip_norm > 0 else math.inf
         graphed = self.graphed_step(max_norm)
@@ -269,30 +214,13 @@ class Trainer:
             # on the device when the loss or the norm is not finite.
             assert isinstance(self.task, GraphableTask) and len(group) == 1
             loss_t, norm_t = graphed.step(self.task.padded_inputs(group[0], self.device), lr)
-            loss_sum, norm = float(loss_t), float(norm_t)
+            loss_sum, norm, stats = float(loss_t), float(norm_t), dict[str, float]()
         else:
-            for param_group in self.optimizer.param_groups:
-                param_group["lr"] = lr
-            for batch in group:
-                with self.autocast():
-                    loss, extra = self.task.loss(batch, self.device)
-                (loss / max(total, 1)).backward()
-                loss_sum += float(loss.detach())
-                for key, value in extra.items():
-                    stats[key] = stats.get(key, 0.0) + value
-            norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+            loss_sum, norm, stats = self.accumulate(group, lr, total, max_norm)
         if not (math.isfinite(loss_sum) and math.isfinite(norm)):
             if graphed is None:
                 self.optimizer.zero_grad(set_to_none=True)
-            p.bad_steps += 1
-            p.skipped_steps += 1
-            print(f"warning: non-finite loss or gradient at step {p.step + 1}; batch skipped")
-            if p.bad_steps >= c.max_bad_steps:
-                last = ckpt.latest_good_checkpoint(self.checkpoints)[0]
-                raise TrainingDiverged(
-                    f"{p.bad_steps} non-finite batches in a row at step {p.step + 1}: stopping. "
-                    f"Last good checkpoint: {last or 'none'}; try a lower lr or more warmup"
-                )
+            self.count_bad_step()
             return False
         if graphed is None:
             self.optimizer.step()
@@ -301,33 +229,70 @@ class Trainer:
         p.step += 1
         seconds = time.perf_counter() - start
         p.elapsed += seconds
-        loss_per_target = loss_sum / max(total, 1)
+        per_target = {k: v / max(total, 1) for k, v in stats.items()}
+        self.report_step(bar, loss_sum / max(total, 1), lr, total / seconds, per_target)
+        return True
+
+    def accumulate(
+        self, group: Sequence[Any], lr: float, total: int, max_norm: float
+    ) -> tuple[float, float, dict[str, float]]:
+        """Forward and backward over every batch of `group`, the gradient of the mean loss per
+        target; returns the summed loss, the gradient norm before clipping and the task's
+        summed extra statistics."""
+        for param_group in self.optimizer.param_groups:
+            param_group["lr"] = lr
+        loss_sum, stats = 0.0, dict[str, float]()
+        for batch in group:
+            with self.autocast():
+                loss, extra = self.task.loss(batch, self.device)
+            (loss / max(total, 1)).backward()
+            loss_sum += float(loss.detach())
+            for key, value in extra.items():
+                stats[key] = stats.get(key, 0.0) + value
+        norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        return loss_sum, norm, stats
+
+    def count_bad_step(self) -> None:
+        """Warn of a skipped step; stop the run after `max_bad_steps` of them in a row."""
+        c, p = self.config, self.progress
+        p.bad_steps += 1
+        p.skipped_steps += 1
+        print(f"warning: non-finite loss or gradient at step {p.step + 1}; batch skipped")
+        if p.bad_steps >= c.max_bad_steps:
+            last = ckpt.latest_good_checkpoint(self.checkpoints)[0]
+            raise TrainingDiverged(
+                f"{p.bad_steps} non-finite batches in a row at step {p.step + 1}: stopping. "
+                f"Last good checkpoint: {last or 'none'}; try a lower lr or more warmup"
+            )
+
+    def report_step(
+        self, bar: tqdm, loss: float, lr: float, targets_per_s: float, stats: dict[str, float]
+    ) -> None:
+        """The progress bar, and every `log_every` steps a train record (and a line when there
+        is no bar)."""
+        p = self.progress
         bar.update(1)
         bar.set_postfix(
-            loss=f"{loss_per_target:.3f}",
-            lr=f"{lr:.2e}",
-            tok_s=f"{total / seconds:.0f}",
-            epoch=p.epoch,
+            loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{targets_per_s:.0f}", epoch=p.epoch
         )
-        if p.step % c.log_every == 0 or p.step == 1:
-            record = {
-                "split": "train",
-                "step": p.step,
-                "epoch": p.epoch,
-                "loss": loss_per_target,
-                "lr": lr,
-                "targets_per_s": total / seconds,
-                "elapsed_s": p.elapsed,
-            }
-            record.update({k: v / max(total, 1) for k, v in stats.items()})
-            self.log.write(record)
-            if bar.disable and rank() == 0:  # no bar (a log file, a pipe): a line instead
-                print(
-                    f"step {p.step} train: loss {loss_per_target:.3f}, lr {lr:.2e}, "
-                    f"{total / seconds:.0f} targets/s, epoch {p.epoch}",
-                    flush=True,
-                )
-        return True
+        if p.step % self.config.log_every != 0 and p.step != 1:
+            return
+        record = {
+            "split": "train",
+            "step": p.step,
+            "epoch": p.epoch,
+            "loss": loss,
+            "lr": lr,
+            "targets_per_s": targets_per_s,
+            "elapsed_s": p.elapsed,
+        }
+        self.log.write(record | stats)
+        if bar.disable and rank() == 0:  # no bar (a log file, a pipe): a line instead
+            print(
+                f"step {p.step} train: loss {loss:.3f}, lr {lr:.2e}, "
+                f"{targets_per_s:.0f} targets/s, epoch {p.epoch}",
+                flush=True,
+            )
 
     def graphed_step(self, max_norm: float) -> GraphedStep | None:
         """The CUDA-graph step where it applies: on a CUDA device with `cuda_graphs`, one

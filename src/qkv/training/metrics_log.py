@@ -1,0 +1,63 @@
+"""The run's metrics: one JSON record a line in RUN/metrics.jsonl, and TensorBoard if installed."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from qkv.training.checkpoint import atomic_write_text
+
+
+def rank() -> int:
+    """This process's rank under torchrun (0 when not distributed)."""
+    return int(os.environ.get("RANK", "0"))
+
+
+class MetricsLog:
+    """Append-only JSONL metrics in the run directory (main process only), mirrored to
+    TensorBoard under RUN/tensorboard when the `tensorboard` package is installed."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.board: Any = None
+
+    def write(self, record: dict[str, Any]) -> None:
+        if rank() != 0:
+            return
+        with self.path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+            handle.flush()
+        board = self._board()
+        if board is not None:
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and key not in ("step", "epoch"):
+                    board.add_scalar(
+                        f"{record.get('split', 'train')}/{key}", value, record.get("step", 0)
+                    )
+            board.flush()
+
+    def _board(self) -> Any:
+        if self.board is None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                self.board = False
+                return None
+            self.board = SummaryWriter(str(self.path.parent / "tensorboard"))
+        return self.board or None
+
+    def truncate_after(self, step: int) -> None:
+        """Drop records newer than `step` (written after the checkpoint we resume from)."""
+        if not self.path.exists():
+            return
+        kept = []
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict) and record.get("step", 0) <= step:
+                kept.append(line)
+        atomic_write_text(self.path, "".join(x + "\n" for x in kept))
