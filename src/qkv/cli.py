@@ -41,13 +41,32 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 def _add_translate(sub: argparse._SubParsersAction) -> None:
     translate = sub.add_parser("translate", help="translate text with a trained run")
     translate.add_argument("run_dir", metavar="RUN")
-    translate.add_argument("--beam", type=int, default=5, help="beam size (1 = greedy)")
-    translate.add_argument("--alpha", type=float, default=0.6, help="length penalty exponent")
+    translate.add_argument("--beam", type=int, default=5, help="beam size, 1 = greedy (default 5)")
+    translate.add_argument(
+        "--alpha", type=float, default=0.6, help="GNMT length penalty exponent (default 0.6)"
+    )
     translate.add_argument("--sample", action="store_true", help="sample instead of searching")
-    translate.add_argument("--temperature", type=float, default=1.0)
-    translate.add_argument("--top-k", type=int, default=0)
-    translate.add_argument("--top-p", type=float, default=1.0)
-    translate.add_argument("--seed", type=int, default=0, help="random seed of --sample")
+    translate.add_argument(
+        "--temperature", type=float, default=1.0, help="--sample: divides the logits (default 1)"
+    )
+    translate.add_argument(
+        "--top-k",
+        type=int,
+        default=0,
+        metavar="K",
+        help="--sample: draw from the K likeliest tokens (default 0: all)",
+    )
+    translate.add_argument(
+        "--top-p",
+        type=float,
+        default=1.0,
+        metavar="P",
+        help="--sample: draw from the fewest likeliest tokens whose probability reaches P "
+        "(default 1: all)",
+    )
+    translate.add_argument(
+        "--seed", type=int, default=0, help="random seed of --sample (default 0)"
+    )
     translate.add_argument(
         "--no-cuda-graphs",
         action="store_true",
@@ -96,7 +115,8 @@ def _add_speed_options(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=1,
         metavar="N",
-        help="translation on a CPU: decode in N processes of one thread each (one per core)",
+        help="translation on a CPU: decode in N processes of one thread each, one per core "
+        "(default 1)",
     )
     parser.add_argument(
         "--bf16",
@@ -112,8 +132,10 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--src", metavar="FILE", help="translation: source sentences")
     evaluate.add_argument("--ref", metavar="FILE", help="translation: reference translations")
     evaluate.add_argument("--data", metavar="FILE", help="classification: labelled file")
-    evaluate.add_argument("--beam", type=int, default=5, help="beam size (1 = greedy)")
-    evaluate.add_argument("--alpha", type=float, default=0.6, help="length penalty exponent")
+    evaluate.add_argument("--beam", type=int, default=5, help="beam size, 1 = greedy (default 5)")
+    evaluate.add_argument(
+        "--alpha", type=float, default=0.6, help="GNMT length penalty exponent (default 0.6)"
+    )
     _add_length_options(evaluate)
     _add_speed_options(evaluate)
     evaluate.add_argument("--json", action="store_true", help="print one JSON object")
@@ -135,9 +157,11 @@ def _add_classify(sub: argparse._SubParsersAction) -> None:
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
     demo = sub.add_parser("demo", help="train a small model on dates in a minute, with pictures")
-    demo.add_argument("--out", metavar="DIR", default="qkv-demo", help="where to write the run")
-    demo.add_argument("--minutes", type=float, default=1.0, help="training time budget")
-    demo.add_argument("--seed", type=int, default=1)
+    demo.add_argument(
+        "--out", metavar="DIR", default="qkv-demo", help="where to write the run (default qkv-demo)"
+    )
+    demo.add_argument("--minutes", type=float, default=1.0, help="training time budget (default 1)")
+    demo.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
     demo.set_defaults(run=_lazy("demo"))
 
 
@@ -153,7 +177,7 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
     attention.add_argument(
         "--kinds",
         default="encoder self,decoder self,cross",
-        help="comma-separated: encoder self, decoder self, cross",
+        help="comma-separated: encoder self, decoder self, cross (default all three)",
     )
     attention.add_argument("--layers", help="comma-separated 0-based layers (default all)")
     attention.add_argument("--heads", help="comma-separated 0-based heads (default all)")
