@@ -16,11 +16,11 @@ then the output layer) three ways, best of several passes:
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from phases import best_ms
 from torch import Tensor
 from workload import SHAPES, Shape
 
@@ -42,19 +42,6 @@ def step_weights(shape: Shape) -> list[list[tuple[Tensor, Tensor]]]:
     ]
     groups.append([(torch.randn(shape.tgt_vocab, d), torch.zeros(shape.tgt_vocab))])
     return groups
-
-
-def best_ms(fn: Callable[[], object], passes: int = 7, calls: int = 20) -> float:
-    """Best milliseconds per call over `passes` passes of `calls` calls."""
-    for _ in range(3):
-        fn()
-    best = float("inf")
-    for _ in range(passes):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - start) / calls)
-    return 1000 * best
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:

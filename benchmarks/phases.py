@@ -133,6 +133,19 @@ def best_gflops(m: int, k: int, n: int, repeats: int, args: Any = None) -> float
     return 2 * m * k * n / best / 1e9
 
 
+def best_ms(fn: Callable[[], object], passes: int = 7, calls: int = 20, warmups: int = 3) -> float:
+    """Best milliseconds per call over `passes` passes of `calls` calls, after `warmups` calls."""
+    for _ in range(warmups):
+        fn()
+    best = math.inf
+    for _ in range(passes):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - start) / calls)
+    return 1000 * best
+
+
 def params(system: Any) -> dict[str, int]:
     trainable = sum(p.numel() for p in system.model.parameters() if p.requires_grad)
     embedding = system.n_embedding_params()

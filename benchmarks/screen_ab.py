@@ -20,7 +20,6 @@ it (length-sorted batches under a token budget, a length budget per sentence).
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -29,7 +28,7 @@ from functools import partial
 from typing import Any
 
 import torch
-from phases import build, decode_batches
+from phases import best_ms, build, decode_batches
 from torch import Tensor
 from workload import EOS, SHAPES
 
@@ -117,9 +116,10 @@ def time_calls(seed: int, repeats: int) -> dict[str, Any]:
             d = model.config.d_model
             x = torch.nn.functional.layer_norm(torch.randn(rows, d), (d,))  # (N, D)
             screened, plain = (OutputLayer(model.output, rows, screen=s) for s in (True, False))
+            timing = {"passes": 5, "calls": repeats, "warmups": 10}
             ms = {
-                "screened": best_ms(partial(screened.argmax, x), repeats),
-                "float32": best_ms(partial(plain.argmax, x), repeats),
+                "screened": best_ms(partial(screened.argmax, x), **timing),
+                "float32": best_ms(partial(plain.argmax, x), **timing),
             }
             out[str(rows)] = ms
             print(
@@ -127,18 +127,6 @@ def time_calls(seed: int, repeats: int) -> dict[str, Any]:
                 f"{ms['float32']:.3f} ms, ratio {ms['float32'] / ms['screened']:.2f}"
             )
     return out
-
-
-def best_ms(call: Callable[[], Any], repeats: int) -> float:
-    for _ in range(10):
-        call()
-    best = math.inf
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(repeats):
-            call()
-        best = min(best, (time.perf_counter() - start) / repeats)
-    return 1000 * best
 
 
 Unit = Callable[[bool], list[list[int]]]
