@@ -41,20 +41,28 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 def _add_translate(sub: argparse._SubParsersAction) -> None:
     translate = sub.add_parser("translate", help="translate text with a trained run")
     translate.add_argument("run_dir", metavar="RUN")
-    translate.add_argument("--beam", type=int, default=5, help="beam size, 1 = greedy (default 5)")
     translate.add_argument(
-        "--alpha", type=float, default=0.6, help="GNMT length penalty exponent (default 0.6)"
+        "--beam", type=int, default=5, help="beam size, 1 = greedy (default %(default)s)"
+    )
+    translate.add_argument(
+        "--alpha",
+        type=float,
+        default=0.6,
+        help="GNMT length penalty exponent (default %(default)s)",
     )
     translate.add_argument("--sample", action="store_true", help="sample instead of searching")
     translate.add_argument(
-        "--temperature", type=float, default=1.0, help="--sample: divides the logits (default 1)"
+        "--temperature",
+        type=float,
+        default=1.0,
+        help="--sample: divides the logits (default %(default)s)",
     )
     translate.add_argument(
         "--top-k",
         type=int,
         default=0,
         metavar="K",
-        help="--sample: draw from the K likeliest tokens (default 0: all)",
+        help="--sample: draw from the K likeliest tokens (default %(default)s: all)",
     )
     translate.add_argument(
         "--top-p",
@@ -62,10 +70,10 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
         default=1.0,
         metavar="P",
         help="--sample: draw from the fewest likeliest tokens whose probability reaches P "
-        "(default 1: all)",
+        "(default %(default)s: all)",
     )
     translate.add_argument(
-        "--seed", type=int, default=0, help="random seed of --sample (default 0)"
+        "--seed", type=int, default=0, help="random seed of --sample (default %(default)s)"
     )
     translate.add_argument(
         "--no-cuda-graphs",
@@ -116,7 +124,7 @@ def _add_speed_options(parser: argparse.ArgumentParser) -> None:
         default=1,
         metavar="N",
         help="translation on a CPU: decode in N processes of one thread each, one per core "
-        "(default 1)",
+        "(default %(default)s)",
     )
     parser.add_argument(
         "--bf16",
@@ -132,9 +140,14 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--src", metavar="FILE", help="translation: source sentences")
     evaluate.add_argument("--ref", metavar="FILE", help="translation: reference translations")
     evaluate.add_argument("--data", metavar="FILE", help="classification: labelled file")
-    evaluate.add_argument("--beam", type=int, default=5, help="beam size, 1 = greedy (default 5)")
     evaluate.add_argument(
-        "--alpha", type=float, default=0.6, help="GNMT length penalty exponent (default 0.6)"
+        "--beam", type=int, default=5, help="beam size, 1 = greedy (default %(default)s)"
+    )
+    evaluate.add_argument(
+        "--alpha",
+        type=float,
+        default=0.6,
+        help="GNMT length penalty exponent (default %(default)s)",
     )
     _add_length_options(evaluate)
     _add_speed_options(evaluate)
@@ -158,10 +171,18 @@ def _add_classify(sub: argparse._SubParsersAction) -> None:
 def _add_demo(sub: argparse._SubParsersAction) -> None:
     demo = sub.add_parser("demo", help="train a small model on dates in a minute, with pictures")
     demo.add_argument(
-        "--out", metavar="DIR", default="qkv-demo", help="where to write the run (default qkv-demo)"
+        "--out",
+        metavar="DIR",
+        default="qkv-demo",
+        help="where to write the run (default %(default)s)",
     )
-    demo.add_argument("--minutes", type=float, default=1.0, help="training time budget (default 1)")
-    demo.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
+    demo.add_argument(
+        "--minutes",
+        type=float,
+        default=1.0,
+        help="training time budget in minutes (default %(default)s)",
+    )
+    demo.add_argument("--seed", type=int, default=1, help="random seed (default %(default)s)")
     demo.set_defaults(run=_lazy("demo"))
 
 
