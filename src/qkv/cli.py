@@ -41,15 +41,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 def _add_translate(sub: argparse._SubParsersAction) -> None:
     translate = sub.add_parser("translate", help="translate text with a trained run")
     translate.add_argument("run_dir", metavar="RUN")
-    translate.add_argument(
-        "--beam", type=int, default=5, help="beam size, 1 = greedy (default %(default)s)"
-    )
-    translate.add_argument(
-        "--alpha",
-        type=float,
-        default=0.6,
-        help="GNMT length penalty exponent (default %(default)s)",
-    )
+    _add_search_options(translate)
     translate.add_argument("--sample", action="store_true", help="sample instead of searching")
     translate.add_argument(
         "--temperature",
@@ -86,6 +78,18 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
     translate.add_argument("--input", metavar="FILE", help="one sentence per line (default stdin)")
     translate.add_argument("--output", metavar="FILE", help="default stdout")
     translate.set_defaults(run=_run_translate)
+
+
+def _add_search_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--beam", type=int, default=5, help="beam size, 1 = greedy (default %(default)s)"
+    )
+    parser.add_argument(
+        "--alpha",
+        type=float,
+        default=0.6,
+        help="GNMT length penalty exponent (default %(default)s)",
+    )
 
 
 def _add_length_options(parser: argparse.ArgumentParser) -> None:
@@ -140,15 +144,7 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--src", metavar="FILE", help="translation: source sentences")
     evaluate.add_argument("--ref", metavar="FILE", help="translation: reference translations")
     evaluate.add_argument("--data", metavar="FILE", help="classification: labelled file")
-    evaluate.add_argument(
-        "--beam", type=int, default=5, help="beam size, 1 = greedy (default %(default)s)"
-    )
-    evaluate.add_argument(
-        "--alpha",
-        type=float,
-        default=0.6,
-        help="GNMT length penalty exponent (default %(default)s)",
-    )
+    _add_search_options(evaluate)
     _add_length_options(evaluate)
     _add_speed_options(evaluate)
     evaluate.add_argument("--json", action="store_true", help="print one JSON object")
