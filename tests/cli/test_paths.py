@@ -158,6 +158,44 @@ def test_resume_after_the_data_moved_says_how_and_then_works(
     assert code == 2 and "not: vocab_size" in err, err
 
 
+def test_resume_refuses_other_data_and_changes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shutil.copytree(TRANSLATION, tmp_path / "data")
+    run = tmp_path / "run"
+    code, _, err = qkv(
+        capsys, "train", "translation", "--data", tmp_path / "data", "--out", run,
+        *TINY_TRANSLATION, "eval_every=1", "max_steps=1",
+    )  # fmt: skip
+    assert code == 0, err
+    other = shutil.copytree(tmp_path / "data", tmp_path / "other")
+    valid = other / "val.en"
+    lines = valid.read_text().splitlines()
+    valid.write_text("\n".join([lines[1], lines[0], *lines[2:]]) + "\n")  # two lines swapped
+    before = (run / "config.json").read_text()
+    code, _, err = qkv(capsys, "train", "--resume", run, f"data_dir={other}", "max_steps=2")
+    assert code == 2, err
+    assert f"{valid}: does not hold the text this run was trained on" in err, err
+    assert (run / "config.json").read_text() == before
+
+
+def test_resume_of_a_classifier_refuses_other_data(
+    review_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = shutil.copytree(review_run, tmp_path / "run")
+    before = (run / "config.json").read_text()
+    other = reviews(tmp_path / "other.jsonl", count=26)
+    code, _, err = qkv(capsys, "train", "--resume", run, f"train_file={other}", "max_steps=3")
+    assert code == 2 and f"{other}: does not hold the text this run was trained on" in err, err
+    code, _, err = qkv(capsys, "train", "--resume", run, f"valid_file={other}", "max_steps=3")
+    assert code == 2 and "trained without a valid_file" in err, err
+    assert (run / "config.json").read_text() == before
+    same = shutil.copy(json.loads(before)["data"]["train_file"], tmp_path / "moved.jsonl")
+    code, _, err = qkv(capsys, "train", "--resume", run, f"train_file={same}", "max_steps=3")
+    assert code == 0, err
+    assert json.loads((run / "config.json").read_text())["data"]["train_file"] == str(same)
+
+
 def test_a_run_is_readable_as_the_umask_allows(translation_run: Path) -> None:
     mode = 0o666 & ~UMASK
     files = ["model.safetensors", "tokenizer.json", "config.json", "cache/tokens.safetensors"]

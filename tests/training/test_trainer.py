@@ -154,6 +154,47 @@ def test_signal_saves_and_resume_is_exact(
     assert steps == [json.loads(x)["step"] for x in reference.log.path.read_text().splitlines()]
 
 
+class SignalOnValidation(ToyTask):
+    """A ToyTask that sends `signum` to itself during validation number `call`."""
+
+    def __init__(self, call: int, signum: signal.Signals) -> None:
+        super().__init__()
+        self.validations, self.call, self.signum = 0, call, signum
+
+    def evaluate(self, device: torch.device) -> dict[str, float]:
+        self.validations += 1
+        if self.validations == self.call:
+            os.kill(os.getpid(), self.signum)
+        return super().evaluate(device)
+
+
+@pytest.mark.parametrize("where", ["last step", "final validation"])
+def test_signal_at_the_end_saves_and_resume_finishes_exactly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
+    # max_steps is no multiple of eval_every: the run ends with a validation of its own, then
+    # averages its last checkpoints. An interrupt there must not lose the steps since step 9.
+    settings = {"max_steps": 11, "average_last": 2}
+    run = tmp_path / "run"
+    for directory in (tmp_path / "reference", run):
+        directory.mkdir()
+    reference = train(tmp_path / "reference", **settings)
+    task = ToyTask(interrupt_at(11, signal.SIGINT)) if where == "last step" else None
+    with pytest.raises(TrainingInterrupted, match="checkpoint saved at step 11") as error:
+        train(run, task or SignalOnValidation(4, signal.SIGINT), **settings)
+    assert f"finish with: qkv train --resume {run}" in str(error.value)
+    assert ckpt.list_checkpoints(run / "checkpoints")[-1].name == "step-0000011"
+    capsys.readouterr()
+
+    resumed = train(run, resume=True, **settings)
+    assert "average of last 2 checkpoints" in capsys.readouterr().out
+    assert_same_weights(weights(resumed), weights(reference))
+    assert [h["step"] for h in resumed.progress.history] == [3, 6, 9, 11]
+    assert (run / "model.safetensors").read_bytes() == (
+        tmp_path / "reference" / "model.safetensors"
+    ).read_bytes()
+
+
 def test_resume_skips_a_corrupt_newest_checkpoint(
     reference: Trainer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

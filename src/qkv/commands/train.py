@@ -106,8 +106,12 @@ def _resume(run_dir: Path, values: dict[str, str]) -> int:
 
 
 def _resume_locked(run_dir: Path, run: RunConfig, values: dict[str, str]) -> int:
-    changed = bool(values)
     for key in [key for key in values if key in DATA_PATHS and key in run.data]:
+        if not run.data[key]:
+            raise ConfigError(
+                f"{run_dir} was trained without a {key} (it held out part of its training "
+                f"file), so --resume cannot add one; to train on other data, start a new run"
+            )
         run.data[key] = os.path.abspath(values.pop(key))
     for key in DATA_PATHS:
         place = run.data.get(key)
@@ -126,16 +130,15 @@ def _resume_locked(run_dir: Path, run: RunConfig, values: dict[str, str]) -> int
                 "only training settings and the data's places can change when resuming, "
                 f"not: {', '.join(sorted(rest))}"
             )
-    if changed:  # only once every change is known to be good
-        run.save(run_dir)
+    # The changes are saved once the data checks out (the same text, wherever it now is).
     if run.task == "translation":
         from qkv.tasks.translation import train_translation
 
-        progress = train_translation(None, None, None, run_dir, resume=True)
+        progress = train_translation(None, None, None, run_dir, resume=run)
     else:
         from qkv.tasks.classification import train_classification
 
-        progress = train_classification(None, None, None, run_dir, resume=True)
+        progress = train_classification(None, None, None, run_dir, resume=run)
     return report_done(run.task, run_dir, progress)
 
 

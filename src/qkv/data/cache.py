@@ -1,20 +1,46 @@
-"""Tokenized corpora cached as safetensors (flat ids + offsets), so a run tokenizes once."""
+"""Tokenized corpora cached as safetensors (flat ids + offsets), so a run tokenizes once.
+
+The cache also keeps a digest of the text each split was made from, so that a resumed run can
+tell the same data at a new place (which it accepts) from other data (which it refuses).
+"""
 
 from __future__ import annotations
 
+import hashlib
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
+from qkv.errors import DataError
 from qkv.training.checkpoint import save_tensors
 
+DIGEST_PREFIX = "digest."
+"""Metadata keys of the cache file: "digest.train" holds the digest of the training text."""
 
-def save_id_lists(path: Path, corpora: dict[str, list[list[int]]]) -> None:
-    """Write named lists of id sequences atomically."""
+
+def text_digest(*columns: Sequence[str]) -> str:
+    """sha256 of columns of strings (a split's sources and targets, or texts and labels):
+    equal exactly when the columns hold the same strings in the same order."""
+    digest = hashlib.sha256()
+    for column in columns:
+        digest.update(f"{len(column)};".encode())
+        for item in column:
+            data = item.encode("utf-8", "surrogatepass")
+            digest.update(f"{len(data)}:".encode())
+            digest.update(data)
+    return digest.hexdigest()
+
+
+def save_id_lists(
+    path: Path, corpora: dict[str, list[list[int]]], digests: dict[str, str] | None = None
+) -> None:
+    """Write named lists of id sequences atomically, with the `text_digest` of each split's
+    text (`digests`, by split name) in the file's metadata."""
     tensors: dict[str, torch.Tensor] = {}
     for name, seqs in corpora.items():
         lengths = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))
@@ -23,7 +49,8 @@ def save_id_lists(path: Path, corpora: dict[str, list[list[int]]]) -> None:
         tensors[f"{name}.lengths"] = torch.from_numpy(lengths)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    save_tensors(tensors, tmp)
+    metadata = {DIGEST_PREFIX + split: value for split, value in (digests or {}).items()}
+    save_tensors(tensors, tmp, metadata)
     os.replace(tmp, path)
 
 
@@ -46,3 +73,30 @@ def load_id_lists(path: Path) -> dict[str, list[list[int]]] | None:
         starts = [0, *ends[:-1]]
         out[name] = [flat[a:b] for a, b in zip(starts, ends, strict=True)]
     return out
+
+
+def check_same_data(path: Path, texts: dict[str, tuple[Path, str]]) -> None:
+    """Refuse text that is not what the cache at `path` was made from.
+
+    Args:
+        path: the cache file; one that is missing, unreadable or without digests (written by
+            an older qkv) checks nothing.
+        texts: by split name ("train", or "train.src" for one side of it), the file it is
+            read from and the `text_digest` of what was read.
+
+    Raises:
+        DataError: naming the first file whose text differs from what the cache was made of.
+    """
+    try:
+        with safe_open(str(path), "pt") as cache:
+            metadata = cache.metadata() or {}
+    except (SafetensorError, OSError, ValueError):
+        return
+    for split, (source, digest) in texts.items():
+        cached = metadata.get(DIGEST_PREFIX + split)
+        if cached is not None and cached != digest:
+            raise DataError(
+                source,
+                "does not hold the text this run was trained on; a resumed run takes its own "
+                "data, at a new place if it moved: to train on other data, start a new run",
+            )

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from qkv.data.batching import collate_texts, token_budget_batches, truncate
-from qkv.data.cache import load_id_lists, save_id_lists
+from qkv.data.cache import check_same_data, load_id_lists, save_id_lists, text_digest
 from qkv.data.readers import read_labelled
 from qkv.data.tokenizer import Tokenizer, check_vocabulary, size_note
 from qkv.errors import ConfigError, DataError
@@ -180,8 +180,15 @@ def _split(
 def prepare(
     data: ClassificationData, run_dir: Path, tokenizer: Tokenizer | None, seed: int
 ) -> tuple[Tokenizer, dict[str, list[list[int]]], ClassificationData]:
-    """Read, split, train (or reuse) the tokenizer, tokenize once and cache."""
+    """Read, split, train (or reuse) the tokenizer, tokenize once and cache.
+
+    A resumed run (`tokenizer` given) must find the text its cache was made from."""
+    new_run = tokenizer is None  # a cache left in its directory belongs to no tokenizer of it
+    cache_path = run_dir / "cache" / "tokens.safetensors"
     texts, labels = data.read(data.train_file)
+    digests = {"train": text_digest(texts, labels)}
+    if not new_run:
+        check_same_data(cache_path, {"train": (Path(data.train_file), digests["train"])})
     if not data.valid_file:
         texts, labels, valid_texts, valid_labels = _split(
             data.train_file, texts, labels, data.valid_fraction, seed
@@ -200,6 +207,9 @@ def prepare(
         raise DataError(data.train_file, f"needs at least 2 labels{held_out}, found {names}")
     if data.valid_file:  # an unknown label there is named with its line
         valid_texts, valid_labels = data.read(data.valid_file, known_labels=names)
+        digests["valid"] = text_digest(valid_texts, valid_labels)
+        if not new_run:
+            check_same_data(cache_path, {"valid": (Path(data.valid_file), digests["valid"])})
     elif unknown := sorted(set(valid_labels) - set(names)):
         raise DataError(
             data.train_file,
@@ -208,7 +218,6 @@ def prepare(
         )
     index = {name: i for i, name in enumerate(names)}
     data.labels = names
-    new_run = tokenizer is None  # a cache left in its directory belongs to no tokenizer of it
     if tokenizer is None:
         tokenizer = Tokenizer.train(
             (clean_text(t) for t in texts), data.vocab_size, data.min_frequency, data.lowercase
@@ -216,7 +225,6 @@ def prepare(
         if note := size_note(tokenizer, data.vocab_size):
             print(note)
         tokenizer.save(run_dir / TOKENIZER_FILE)
-    cache_path = run_dir / "cache" / "tokens.safetensors"
     corpora = None if new_run else load_id_lists(cache_path)
     if corpora is None:
         corpora = {
@@ -225,7 +233,7 @@ def prepare(
             "valid.ids": encode_texts(tokenizer, valid_texts, data),
             "valid.labels": [[index[y]] for y in valid_labels],
         }
-        save_id_lists(cache_path, corpora)
+        save_id_lists(cache_path, corpora, digests)
     return tokenizer, corpora, data
 
 
@@ -234,12 +242,13 @@ def train_classification(
     model_config: ModelConfig | None,
     train_config: TrainConfig | None,
     run_dir: Path,
-    resume: bool = False,
+    resume: bool | RunConfig = False,
 ) -> Progress:
-    """Train a text classifier into `run_dir`, or continue one (`resume`)."""
+    """Train a text classifier into `run_dir`, or continue one (`resume`: True, or the run's
+    configuration with changes, saved once the data checks out)."""
     tokenizer: Tokenizer | None = None
     if resume:
-        run = RunConfig.load(run_dir)
+        run = resume if isinstance(resume, RunConfig) else RunConfig.load(run_dir)
         data, model_config, train_config = (
             data_settings(ClassificationData, run.data, run_dir),
             run.model,
@@ -269,6 +278,8 @@ def train_classification(
         }
         model_config = ModelConfig(**fields)
         RunConfig("classification", model_config, train_config, asdict(data)).save(run_dir)
+    elif isinstance(resume, RunConfig):
+        resume.save(run_dir)
     random.seed(train_config.seed)
     torch.manual_seed(train_config.seed)
     model = TextClassifier(model_config)

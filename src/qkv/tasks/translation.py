@@ -17,7 +17,7 @@ from qkv.data.batching import (
     pair_lengths,
     token_budget_batches,
 )
-from qkv.data.cache import load_id_lists, save_id_lists
+from qkv.data.cache import check_same_data, load_id_lists, save_id_lists, text_digest
 from qkv.data.readers import find_split, read_parallel
 from qkv.data.special import PAD_ID
 from qkv.data.tokenizer import Tokenizer, check_vocabulary, size_note
@@ -151,16 +151,24 @@ def prepare(
     """Read and validate the text, train (or reuse) the tokenizer, tokenize once and cache.
 
     Training pairs longer than `data.max_len` or than the model's positions
-    (`model_max_len`) are skipped."""
+    (`model_max_len`) are skipped. A resumed run (`tokenizer` given) must find the text its
+    cache was made from."""
     directory = Path(data.data_dir)
-    train_src_path = find_split(directory, "train", data.src)
-    train_src, train_tgt = read_parallel(train_src_path, find_split(directory, "train", data.tgt))
-    valid_src, valid_tgt = read_parallel(
-        find_split(directory, "val", data.src), find_split(directory, "val", data.tgt)
-    )
+    paths = {
+        f"{split}.{side}": find_split(directory, name, language)
+        for split, name in (("train", "train"), ("valid", "val"))
+        for side, language in (("src", data.src), ("tgt", data.tgt))
+    }
+    train_src, train_tgt = read_parallel(paths["train.src"], paths["train.tgt"])
+    valid_src, valid_tgt = read_parallel(paths["valid.src"], paths["valid.tgt"])
+    read = zip(paths, (train_src, train_tgt, valid_src, valid_tgt), strict=True)
+    digests = {name: text_digest(lines) for name, lines in read}
+    new_run = tokenizer is None  # a cache left in its directory belongs to no tokenizer of it
+    cache_path = run_dir / "cache" / "tokens.safetensors"
+    if not new_run:  # a resumed run: the text its cache was made from
+        check_same_data(cache_path, {name: (paths[name], digests[name]) for name in digests})
     if data.valid_sentences:
         valid_src, valid_tgt = valid_src[: data.valid_sentences], valid_tgt[: data.valid_sentences]
-    new_run = tokenizer is None  # a cache left in its directory belongs to no tokenizer of it
     if tokenizer is None:
         tokenizer = Tokenizer.train(
             train_src + train_tgt, data.vocab_size, data.min_frequency, data.lowercase
@@ -168,7 +176,6 @@ def prepare(
         if note := size_note(tokenizer, data.vocab_size):
             print(note)
         tokenizer.save(run_dir / TOKENIZER_FILE)
-    cache_path = run_dir / "cache" / "tokens.safetensors"
     corpora = None if new_run else load_id_lists(cache_path)
     if corpora is None:
         corpora = {
@@ -185,7 +192,7 @@ def prepare(
         ]
         if not keep:
             raise DataError(
-                train_src_path,
+                paths["train.src"],
                 f"no training pair is left: all {len(train_src)} are longer than max_len "
                 f"({limit} tokens)",
             )
@@ -195,7 +202,7 @@ def prepare(
             )
         corpora["train.src"] = [corpora["train.src"][i] for i in keep]
         corpora["train.tgt"] = [corpora["train.tgt"][i] for i in keep]
-        save_id_lists(cache_path, corpora)
+        save_id_lists(cache_path, corpora, digests)
     return tokenizer, corpora, valid_tgt
 
 
@@ -204,11 +211,12 @@ def train_translation(
     model_config: ModelConfig | None,
     train_config: TrainConfig | None,
     run_dir: Path,
-    resume: bool = False,
+    resume: bool | RunConfig = False,
 ) -> Progress:
-    """Train a translation model into `run_dir`, or continue one (`resume`)."""
+    """Train a translation model into `run_dir`, or continue one (`resume`: True, or the run's
+    configuration with changes, saved once the data checks out)."""
     if resume:
-        run = RunConfig.load(run_dir)
+        run = resume if isinstance(resume, RunConfig) else RunConfig.load(run_dir)
         data = data_settings(TranslationData, run.data, run_dir)
         model_config, train_config = run.model, run.train
         tokenizer: Tokenizer | None = load_tokenizer(run_dir)
@@ -229,6 +237,8 @@ def train_translation(
     if not resume:
         model_config = _with_vocab(model_config, tokenizer.vocab_size)
         RunConfig("translation", model_config, train_config, asdict(data)).save(run_dir)
+    elif isinstance(resume, RunConfig):
+        resume.save(run_dir)
     random.seed(train_config.seed)
     torch.manual_seed(train_config.seed)
     model = Seq2SeqTransformer(model_config)

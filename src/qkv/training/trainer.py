@@ -187,9 +187,17 @@ class Trainer:
                 if not p.done:
                     p.epoch, p.batch_index = p.epoch + 1, 0
             bar.close()
-        if not p.history or p.history[-1]["step"] != p.step:
-            self.validate()
-        self.finish()
+            unvalidated = not p.history or p.history[-1]["step"] != p.step
+            if received and unvalidated:  # during the last step: its checkpoint, no validation
+                self.save()
+            elif unvalidated:
+                self.validate()
+            if received:  # before or during the final validation: the averaging is left to do
+                raise TrainingInterrupted(
+                    f"{received[0]} received: checkpoint saved at step {p.step}; "
+                    f"finish with: qkv train --resume {self.run_dir}"
+                )
+            self.finish()
         return p
 
     def should_stop(self) -> bool:
