@@ -21,6 +21,9 @@ def fits(value: Any, annotation: Any) -> bool:
         return isinstance(value, int) and not isinstance(value, bool)
     if annotation is type(None):
         return value is None
+    if origin is list:  # list[str]: a list of strings
+        (item,) = typing.get_args(annotation)
+        return isinstance(value, list) and all(fits(element, item) for element in value)
     return isinstance(value, origin or annotation)
 
 

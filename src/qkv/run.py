@@ -167,8 +167,8 @@ def load_tokenizer(run_dir: Path) -> Tokenizer:
 def data_settings(kind: type[T], values: dict[str, Any], run_dir: Path) -> T:
     """A task's data settings from config.json, with a clear error when they do not fit."""
     try:
-        return kind(**values)
-    except TypeError as error:
+        return kind(**_typed(values, kind, "data"))
+    except (TypeError, ConfigError) as error:
         raise CheckpointError(
             f"{run_dir / CONFIG_FILE}: data section does not fit ({error})"
         ) from None

@@ -637,6 +637,35 @@ def test_damaged_classification_run(
     assert_fails(code, err, run / at_fault)
 
 
+CLASSIFICATION_DATA_DAMAGE = {
+    "data max_len not an integer": edit_config(lambda c: c["data"].update(max_len="abc")),
+    "labels one string": edit_config(lambda c: c["data"].update(labels="0,1")),
+    "labels not strings": edit_config(lambda c: c["data"].update(labels=[0, 1])),
+    "a label too many": edit_config(lambda c: c["data"]["labels"].append("neutral")),
+    "a label named twice": edit_config(lambda c: c["data"].update(labels=["0", "0"])),
+}
+
+
+@needs_classification
+@pytest.mark.parametrize(
+    "damage", CLASSIFICATION_DATA_DAMAGE.values(), ids=CLASSIFICATION_DATA_DAMAGE.keys()
+)
+def test_classification_run_with_damaged_data_settings(
+    capsys: pytest.CaptureFixture[str],
+    classification_run: Path,
+    tmp_path: Path,
+    damage: Callable[[Path], None],
+) -> None:
+    run = damaged(classification_run, tmp_path, damage)
+    for command in (
+        ["classify", run, "--input", LABELLED / "good.jsonl"],
+        ["evaluate", run, "--data", LABELLED / "good.jsonl"],
+        ["train", "--resume", run],
+    ):
+        code, err = qkv(capsys, *command)
+        assert_fails(code, err, run / "config.json")
+
+
 # --------------------------------------------------------------------------- real processes
 
 

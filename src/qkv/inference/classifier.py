@@ -11,8 +11,8 @@ from qkv.data.readers import is_blank, texts_list
 from qkv.data.tokenizer import Tokenizer
 from qkv.errors import CheckpointError, ConfigError
 from qkv.model.classifier import TextClassifier
-from qkv.run import RunConfig, data_settings, load_run_weights, load_tokenizer
-from qkv.tasks.classification import ClassificationData, clean_text, encode_texts
+from qkv.run import RunConfig, load_run_weights, load_tokenizer
+from qkv.tasks.classification import ClassificationData, clean_text, encode_texts, run_data
 from qkv.training.speed import pick_device
 
 
@@ -40,7 +40,7 @@ class Classifier:
         config = RunConfig.load(run_dir)
         if config.task != "classification":
             raise CheckpointError(f"{run_dir}: a {config.task} run, not a classification run")
-        data = data_settings(ClassificationData, config.data, run_dir)
+        data = run_data(config, run_dir)
         tokenizer = load_tokenizer(run_dir)
         model = TextClassifier(config.model)
         load_run_weights(model, run_dir)

@@ -17,10 +17,10 @@ from qkv.data.batching import collate_texts, token_budget_batches, truncate
 from qkv.data.cache import check_same_data, load_id_lists, save_id_lists, text_digest
 from qkv.data.readers import read_labelled
 from qkv.data.tokenizer import Tokenizer, check_vocabulary, size_note
-from qkv.errors import ConfigError, DataError
+from qkv.errors import CheckpointError, ConfigError, DataError
 from qkv.model.classifier import TextClassifier
 from qkv.model.config import MAX_POSITIONS, ModelConfig
-from qkv.run import TOKENIZER_FILE, RunConfig, data_settings, load_tokenizer
+from qkv.run import CONFIG_FILE, TOKENIZER_FILE, RunConfig, data_settings, load_tokenizer
 from qkv.training.config import TrainConfig
 from qkv.training.speed import pick_device, set_threads, tune_allocator
 from qkv.training.trainer import Progress, Trainer
@@ -177,6 +177,23 @@ def _split(
     )
 
 
+def run_data(run: RunConfig, run_dir: Path) -> ClassificationData:
+    """A classification run's data settings, checked against its model.
+
+    Raises:
+        CheckpointError: if config.json's data section does not fit, or its labels are not
+            as many distinct names as the model has classes.
+    """
+    data = data_settings(ClassificationData, run.data, run_dir)
+    labels, classes = data.labels, run.model.n_classes
+    if len(labels) != classes or len(set(labels)) < len(labels):
+        raise CheckpointError(
+            f"{run_dir / CONFIG_FILE}: data.labels must name the model's {classes} classes, "
+            f"each once; it names {len(labels)}: {', '.join(labels[:8])}"
+        )
+    return data
+
+
 def prepare(
     data: ClassificationData, run_dir: Path, tokenizer: Tokenizer | None, seed: int
 ) -> tuple[Tokenizer, dict[str, list[list[int]]], ClassificationData]:
@@ -250,7 +267,7 @@ def train_classification(
     if resume:
         run = resume if isinstance(resume, RunConfig) else RunConfig.load(run_dir)
         data, model_config, train_config = (
-            data_settings(ClassificationData, run.data, run_dir),
+            run_data(run, run_dir),
             run.model,
             run.train,
         )
