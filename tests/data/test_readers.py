@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 from pathlib import Path
 
 import pytest
@@ -331,3 +332,29 @@ def test_find_split_says_when_a_split_is_a_directory(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="is a directory") as error:
         find_split(tmp_path, "train", "de")
     assert_data_error(error, tmp_path / "train.de", None)
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv"])
+def test_a_column_named_twice_is_ambiguous(tmp_path: Path, suffix: str) -> None:
+    sep = "," if suffix == ".csv" else "\t"
+    path = write(tmp_path / f"train{suffix}", sep.join(["label", "text", "label"]) + "\n")
+    path.write_text(path.read_text() + sep.join(["1", "good", "9"]) + "\n")
+    with pytest.raises(DataError, match=r"column 'label' appears more than once \(columns 1 and 3"):
+        read_labelled(path)
+    assert read_texts(path) == ["good"]  # an unused column may repeat
+
+
+@pytest.mark.parametrize("label", ["a\nb", "a\tb", "neg\x00"])
+def test_a_label_is_one_line_of_text(tmp_path: Path, label: str) -> None:
+    path = write(tmp_path / "train.jsonl", '{"text": "fine", "label": "pos"}\n')
+    path.write_text(path.read_text() + json.dumps({"text": "bad", "label": label}) + "\n")
+    with pytest.raises(DataError, match="holds the control character") as error:
+        read_labelled(path)
+    assert_data_error(error, path, 2)
+
+
+def test_labels_that_look_the_same_are_the_same(tmp_path: Path) -> None:
+    composed, decomposed = "n\u00e9gatif", "ne\u0301gatif"
+    rows = [{"text": "x", "label": composed}, {"text": "y", "label": decomposed}]
+    path = write(tmp_path / "train.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
+    assert read_labelled(path)[1] == [composed, composed]

@@ -127,10 +127,12 @@ def read_labelled(
         clean: how the texts will be cleaned before use; a text blank once cleaned is refused.
 
     Returns:
-        (texts, labels), labels as strings: a JSON 1 becomes "1".
+        (texts, labels), labels as strings (a JSON 1 becomes "1") in Unicode's composed form
+        (NFC), so that labels that look the same are the same.
 
     Raises:
-        DataError: unknown format, a malformed record, a missing field, a blank text or label,
+        DataError: unknown format, a malformed record, a missing field, a column named twice,
+            a blank text or label, a label with a line break, tab or other control character,
             text that is not Unicode (a lone surrogate from a JSON escape), a label not in
             `known_labels`, or no records at all.
     """
@@ -331,6 +333,9 @@ def _column_position(path: str | Path, columns: list[str], field: str) -> int:
         available = ", ".join(repr(_short_text(name)) for name in columns[:8])
         available += ", ..." if len(columns) > 8 else ""
         raise DataError(path, f"missing column '{field}' (columns: {available})", line=1)
+    if columns.count(field) > 1:
+        where = " and ".join(str(i) for i, name in enumerate(columns, start=1) if name == field)
+        raise DataError(path, f"column '{field}' appears more than once (columns {where})", line=1)
     return columns.index(field)
 
 
@@ -387,7 +392,15 @@ def _check_label(path: str | Path, value: object, field: str, line: int) -> str:
     _check_unicode(path, label, field, line)
     if is_blank(label):
         raise DataError(path, f"empty '{field}'", line=line)
-    return label
+    if control := next((c for c in label if unicodedata.category(c) == "Cc"), None):
+        raise DataError(
+            path,
+            f"'{field}' {_short_text(label)!r} holds the control character {control!r}; "
+            "a label is one line of text",
+            line=line,
+        )
+    # Composed (NFC), so that an "é" typed as one character or as "e" and an accent is one label.
+    return unicodedata.normalize("NFC", label)
 
 
 def _json_problem(error: Exception, line: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import random
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -177,6 +177,12 @@ def _split(
     )
 
 
+def shown(labels: Sequence[str], limit: int = 5) -> str:
+    """The first `limit` labels for a message, each cut to 40 characters."""
+    cut = [label if len(label) <= 40 else label[:37] + "..." for label in labels[:limit]]
+    return ", ".join(cut) + (", ..." if len(labels) > limit else "")
+
+
 def run_data(run: RunConfig, run_dir: Path) -> ClassificationData:
     """A classification run's data settings, checked against its model.
 
@@ -189,7 +195,7 @@ def run_data(run: RunConfig, run_dir: Path) -> ClassificationData:
     if len(labels) != classes or len(set(labels)) < len(labels):
         raise CheckpointError(
             f"{run_dir / CONFIG_FILE}: data.labels must name the model's {classes} classes, "
-            f"each once; it names {len(labels)}: {', '.join(labels[:8])}"
+            f"each once; it names {len(labels)}: {shown(labels)}"
         )
     return data
 
@@ -211,17 +217,19 @@ def prepare(
             data.train_file, texts, labels, data.valid_fraction, seed
         )
     names = data.labels or sorted_labels(labels)
+    if len(set(names)) < len(names):
+        raise ConfigError(f"labels= names a label twice: {shown(names)}")
     if data.labels and (unnamed := sorted(set(labels) - set(names))):
+        named = "labels= does not name" if new_run else "the run was not trained on"
         raise DataError(
             data.train_file,
-            f"has labels that labels= does not name: {', '.join(unnamed[:5])} "
-            f"(labels={','.join(names)})",
+            f"has labels that {named}: {shown(unnamed)} (the run's labels: {shown(names)})",
         )
-    if len(set(names)) < len(names):
-        raise ConfigError(f"labels= names a label twice: {','.join(names)}")
     if len(names) < 2:
         held_out = "" if data.valid_file else " once the validation share is held out"
-        raise DataError(data.train_file, f"needs at least 2 labels{held_out}, found {names}")
+        raise DataError(
+            data.train_file, f"needs at least 2 labels{held_out}; it has only {shown(names)}"
+        )
     if data.valid_file:  # an unknown label there is named with its line
         valid_texts, valid_labels = data.read(data.valid_file, known_labels=names)
         digests["valid"] = text_digest(valid_texts, valid_labels)
@@ -230,7 +238,7 @@ def prepare(
     elif unknown := sorted(set(valid_labels) - set(names)):
         raise DataError(
             data.train_file,
-            f"the held-out validation share has labels the rest lacks: {', '.join(unknown[:5])}; "
+            f"the held-out validation share has labels the rest lacks: {shown(unknown)}; "
             "give more examples of them or a --valid file",
         )
     index = {name: i for i, name in enumerate(names)}
