@@ -21,6 +21,36 @@ def test_cross_attention_shapes_from_the_tutorial() -> None:
 def test_rejects_indivisible_heads() -> None:
     with pytest.raises(ValueError, match="divisible"):
         MultiHeadAttention(d_model=10, n_heads=3)
+    with pytest.raises(ValueError, match="n_heads must be at least 1"):
+        MultiHeadAttention(d_model=16, n_heads=0)
+
+
+@pytest.mark.parametrize(
+    ("query", "key", "value", "match"),
+    [
+        ((2, 3, 8), (2, 4, 16), (2, 4, 16), "D = d_model = 16"),
+        ((3, 16), (3, 16), (3, 16), r"\(B, L, D\)"),
+        ((2, 3, 16), (2, 7, 16), (2, 6, 16), "key and value one length"),
+        ((2, 3, 16), (1, 4, 16), (1, 4, 16), "one batch size"),
+    ],
+)
+def test_rejects_inputs_of_the_wrong_shape(
+    query: tuple[int, ...], key: tuple[int, ...], value: tuple[int, ...], match: str
+) -> None:
+    attn = MultiHeadAttention(16, 2)
+    for need_weights in (False, True):
+        with pytest.raises(ValueError, match=match):
+            attn(torch.randn(query), torch.randn(key), torch.randn(value), None, need_weights)
+
+
+def test_rejects_a_mask_that_is_not_boolean() -> None:
+    # A float 0/1 mask would be added to the scores by the fused kernel: attending everywhere.
+    attn = MultiHeadAttention(16, 2)
+    x = torch.randn(2, 3, 16)
+    mask = padding_mask(torch.tensor([[1, 1, 0], [1, 0, 0]]), 0)
+    for need_weights in (False, True):
+        with pytest.raises(TypeError, match="mask must be boolean"):
+            attn(x, x, x, mask.float(), need_weights)
 
 
 @pytest.mark.parametrize("cross", [False, True])

@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from qkv.model.frozen_linear import FrozenLinear
+from qkv.model.masks import decoder_self_mask, padding_mask
 from qkv.model.seq2seq import Seq2SeqTransformer
 from tests.model.helpers import random_ids, tiny_config
 
@@ -140,3 +141,15 @@ def test_inputs_that_do_not_pair_up_are_refused(model: Seq2SeqTransformer) -> No
         model(src, torch.full((2, 3), 40))
     with pytest.raises(ValueError, match=r"source ids must be \(B, L\) token ids"):
         model(src[0], tgt)
+
+
+def test_encoder_and_decoder_refuse_float_masks(model: Seq2SeqTransformer) -> None:
+    src, tgt = random_ids(2, 6), random_ids(2, 4)
+    src_mask = padding_mask(src, 0)  # (B, 1, 1, S)
+    memory, _ = model.encoder(src, src_mask)
+    with pytest.raises(TypeError, match="mask must be boolean"):
+        model.encoder(src, src_mask.float())
+    self_mask = decoder_self_mask(tgt, 0)  # (B, 1, T, T)
+    for masks in ((self_mask.float(), src_mask), (self_mask, src_mask.float())):
+        with pytest.raises(TypeError, match="must be boolean"):
+            model.decoder(tgt, memory, *masks)

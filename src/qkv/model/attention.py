@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv.model.kv_cache import SelfAttentionCache
+from qkv.model.masks import check_mask
 from qkv.model.packing import Packing
 
 
@@ -33,6 +34,8 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True):
         super().__init__()
+        if n_heads < 1:
+            raise ValueError(f"n_heads must be at least 1, got {n_heads}")
         if d_model % n_heads != 0:
             raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
@@ -109,7 +112,14 @@ class MultiHeadAttention(nn.Module):
 
         Returns:
             output (B, T, D) and weights (B, H, T, S) when `need_weights`, else None.
+
+        Raises:
+            ValueError: if the inputs are not (B, ·, D) with one B, or key and value differ in
+                length.
+            TypeError: if `mask` is not boolean.
         """
+        self._check_inputs(query, key, value)
+        check_mask(mask)
         if query is key and key is value:
             q, k, v = self.project_qkv(query)  # (B, H, T, K) each
         else:
@@ -155,6 +165,19 @@ class MultiHeadAttention(nn.Module):
         context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         merged = context.transpose(1, 2).flatten(2)  # (B, T, D)
         return self.out_proj(query_rows.pack(merged))  # (M, D)
+
+    def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
+        shapes = [tuple(x.shape) for x in (query, key, value)]
+        if any(len(shape) != 3 or shape[2] != self.d_model for shape in shapes):
+            raise ValueError(
+                f"query, key and value must be (B, L, D) with D = d_model = {self.d_model}; "
+                f"got {', '.join(map(str, shapes))}"
+            )
+        if len({shape[0] for shape in shapes}) > 1 or shapes[1] != shapes[2]:
+            raise ValueError(
+                "query, key and value must have one batch size, and key and value one length; "
+                f"got {', '.join(map(str, shapes))}"
+            )
 
     def _project(self, x: Tensor, first: int, last: int) -> Tensor:
         """x (..., D) through rows [first * D, last * D) of `in_proj` (0 q, 1 k, 2 v)."""

@@ -8,6 +8,7 @@ from qkv.model.config import ModelConfig
 from qkv.model.embedding import Embeddings
 from qkv.model.kv_cache import DecoderCache, StaticDecoderCache
 from qkv.model.layers import DecoderLayer
+from qkv.model.masks import check_mask
 from qkv.model.packing import Packing
 
 
@@ -52,7 +53,12 @@ class Decoder(nn.Module):
             per layer (empty unless `need_weights`). Packed and without weights, every layer
             runs on the real tokens only (target and source) and the states are zero at
             padding; otherwise on the padded batch (see `Encoder.forward`).
+
+        Raises:
+            TypeError: if a mask is not boolean.
         """
+        check_mask(self_mask, "self_mask")
+        check_mask(cross_mask, "cross_mask")
         if packed and not need_weights:
             return self._forward_packed(ids, memory, self_mask, cross_mask), [], []
         x = self.embeddings(ids)  # (B, T, D)

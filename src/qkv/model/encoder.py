@@ -7,6 +7,7 @@ from torch import Tensor, nn
 from qkv.model.config import ModelConfig
 from qkv.model.embedding import Embeddings
 from qkv.model.layers import EncoderLayer
+from qkv.model.masks import check_mask
 from qkv.model.packing import Packing
 
 
@@ -39,7 +40,11 @@ class Encoder(nn.Module):
         Packed and without weights, every layer runs on the real tokens only and the memory is
         zero at padding; otherwise on the padded batch, at shapes that depend on (B, S) alone
         (what a CUDA graph needs), and the memory at padding is left as computed.
+
+        Raises:
+            TypeError: if `mask` is not boolean.
         """
+        check_mask(mask)
         if packed and not need_weights:
             rows = Packing.from_mask(ids != self.pad_id)
             x = self.embeddings.forward_packed(ids, rows)  # (M, D)

@@ -41,3 +41,17 @@ def decoder_self_mask(tgt_ids: Tensor, pad_id: int) -> Tensor:
         (B, 1, T, T) bool.
     """
     return padding_mask(tgt_ids, pad_id) & causal_mask(tgt_ids.size(1), tgt_ids.device)
+
+
+def check_mask(mask: Tensor | None, name: str = "mask") -> None:
+    """Refuse a mask that is not boolean: a float mask of 0s and 1s would be taken by the fused
+    kernel as numbers added to the scores, and attend where it should not, without a word.
+
+    Raises:
+        TypeError: if `mask` is not None and not of dtype torch.bool.
+    """
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError(
+            f"{name} must be boolean (True = may attend), got {mask.dtype}; "
+            "see qkv.model.masks for how to build one"
+        )
