@@ -148,7 +148,11 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     _add_length_options(evaluate)
     _add_speed_options(evaluate)
     evaluate.add_argument("--json", action="store_true", help="print one JSON object")
-    evaluate.set_defaults(run=_run_evaluate)
+    translation_only = ("src", "ref", "beam", "alpha", "max_len_a", "max_len_b", "workers", "bf16")
+    # What an option is when not given, so that one given for the other task can be refused.
+    defaults = {"translation": {dest: evaluate.get_default(dest) for dest in translation_only}}
+    defaults["classification"] = {"data": None}
+    evaluate.set_defaults(run=_run_evaluate, task_options=defaults)
 
 
 def _add_classify(sub: argparse._SubParsersAction) -> None:

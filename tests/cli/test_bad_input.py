@@ -347,6 +347,30 @@ def test_evaluate_without_references(
     assert err == "qkv: evaluate on a translation run needs --src FILE and --ref FILE\n"
 
 
+def test_evaluate_refuses_the_other_tasks_options(
+    capsys: pytest.CaptureFixture[str], translation_run: Path
+) -> None:
+    code, err = qkv(
+        capsys, "evaluate", translation_run, "--src", TEXT / "src.de", "--ref", TEXT / "ref.en",
+        "--data", LABELLED / "good.jsonl",
+    )  # fmt: skip
+    assert code == 2
+    assert (
+        err == f"qkv: --data is for classification runs; {translation_run} is a translation run\n"
+    )
+
+
+@needs_classification
+@pytest.mark.parametrize("option", [["--beam", "3"], ["--workers", "2"], ["--bf16"]])
+def test_evaluate_on_a_classifier_refuses_decoding_options(
+    capsys: pytest.CaptureFixture[str], classification_run: Path, option: list[str]
+) -> None:
+    code, err = qkv(
+        capsys, "evaluate", classification_run, "--data", LABELLED / "good.jsonl", *option
+    )
+    assert code == 2 and f"qkv: {option[0]} is for translation runs" in err, err
+
+
 # --------------------------------------------------------------------------- damaged runs
 
 

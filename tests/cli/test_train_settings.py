@@ -69,6 +69,9 @@ def test_translation_settings_out_of_place(
         ("n_decoder_layers=2", "n_decoder_layers does not apply to classification"),
         ("cls=true", "cls follows the pooling"),
         ("labels=neg,pos,pos", "labels= names a label twice"),
+        ("n_classes=5", "n_classes follows the data's labels"),
+        ("valid_file=v.jsonl valid_fraction=0.2", "--valid-fraction holds out part of --train"),
+        ("--valid v.jsonl --valid-fraction 0.2", "--valid-fraction holds out part of --train"),
     ],
 )
 def test_classification_settings_out_of_place(

@@ -12,6 +12,11 @@ from qkv.run import RunConfig
 
 def run(args: argparse.Namespace) -> int:
     task = RunConfig.load(Path(args.run_dir)).task
+    for other, options in args.task_options.items():
+        given = [dest for dest, default in options.items() if getattr(args, dest) != default]
+        if other != task and given:
+            flag = "--" + given[0].replace("_", "-")
+            raise ConfigError(f"{flag} is for {other} runs; {args.run_dir} is a {task} run")
     if task == "translation":
         return _translation(args)
     from qkv.commands.classify import evaluate_classification

@@ -44,8 +44,18 @@ def run(args: argparse.Namespace) -> int:
     values = overrides.parse_pairs(args.overrides)
     if wrong := sorted(set(values) & NOT_FOR[args.task]):
         raise ConfigError(f"{', '.join(wrong)} does not apply to {args.task}")
-    if args.task == "classification" and "cls" in values:
-        raise ConfigError("cls follows the pooling: set pooling=cls for a [CLS] token")
+    if args.task == "classification":
+        if "cls" in values:
+            raise ConfigError("cls follows the pooling: set pooling=cls for a [CLS] token")
+        if "n_classes" in values:
+            raise ConfigError("n_classes follows the data's labels (labels=a,b,c names them)")
+        if (args.valid or "valid_file" in values) and (
+            args.valid_fraction is not None or "valid_fraction" in values
+        ):
+            raise ConfigError(
+                "--valid-fraction holds out part of --train for validation; "
+                "with --valid there is nothing to hold out"
+            )
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{out} is a file; --out names a directory for the run")
     created, had_lock, began = not out.exists(), (out / LOCK_FILE).exists(), False
