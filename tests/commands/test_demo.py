@@ -99,6 +99,13 @@ def test_a_directory_that_is_not_a_run_is_never_removed(tmp_path: Path) -> None:
     assert keep.read_text(encoding="utf-8") == "mine"
 
 
+def test_an_out_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("mine", encoding="utf-8")
+    with pytest.raises(ConfigError, match="is a file; the demo writes into a directory"):
+        run_demo(tmp_path / "file", minutes=0.01, echo=lambda _line: None)
+    assert (tmp_path / "file").read_text(encoding="utf-8") == "mine"
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [

@@ -146,8 +146,8 @@ def run_demo(
         Accuracy, examples and the paths written.
 
     Raises:
-        ConfigError: if a size or the budget is not positive (`n_examples` may be 0), or
-            `out_dir/run` exists and is not a qkv run.
+        ConfigError: if a size or the budget is not positive (`n_examples` may be 0),
+            `out_dir` is a file, or `out_dir/run` exists and is not a qkv run.
     """
     from qkv.tasks.translation import train_translation
     from qkv.viz.curves import plot_curves
@@ -160,6 +160,8 @@ def run_demo(
         raise ConfigError(f"n_examples must be 0 or more, got {n_examples}")
     training = demo_training(minutes, seed, eval_every)  # checks the seed before any work
     out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"{out_dir} is a file; the demo writes into a directory")
     data_dir, run_dir = out_dir / DATA_DIR, out_dir / RUN_DIR
     _clear_previous_run(run_dir)
 

@@ -123,7 +123,7 @@ class Trainer:
         if directory is None:
             weights = self.run_dir / "model.safetensors"
             extra = (
-                f"; {weights} holds the best weights so far (translate and evaluate use them): "
+                f"; {weights} holds the best weights so far (the ones the run is used with): "
                 "to train again from step 0, move it away and resume again"
                 if weights.exists() and not problems
                 else ""
