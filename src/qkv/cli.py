@@ -293,7 +293,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("qkv: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
+    except BrokenPipeError:  # the reader of stdout went away (`| head`)
+        if args.command == "train":  # before training began (it stops itself in a step)
+            print("qkv: stdout closed before training began", file=sys.stderr)
+            return 130
         return 0
     except OSError as error:  # a path the user named cannot be made, read or written
         print(f"qkv: {os_problem(error)}", file=sys.stderr)

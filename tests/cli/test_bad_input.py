@@ -716,3 +716,38 @@ def test_real_processes_print_one_line_and_no_traceback(
         assert proc.returncode == 2, err
         assert "Traceback" not in err + out
         assert_one_line(err, at_fault)
+
+
+def test_closed_streams_are_named_and_a_closed_pipe_stops_training_cleanly(
+    translation_run: Path, tmp_path: Path
+) -> None:
+    run = tmp_path / "run"
+    good = TRANSLATION / "good"
+    train = f"{QKV} train translation --data {good} --out {run} --preset tiny vocab_size=100"
+    train += " max_tokens=256 max_steps=400 eval_every=100 log_every=1"
+    scripts = {  # bash: what it runs, and the line expected on stderr
+        f"{train} | head -n 1; exit ${{PIPESTATUS[0]}}": (130, "qkv: stdout closed: checkpoint"),
+        f"{QKV} translate {translation_run} <&-": (2, "qkv: <stdin>: closed; give the input"),
+        f"{QKV} translate {translation_run} --input {TEXT / 'src.de'} >&-": (
+            2,
+            "qkv: <stdout>: closed; give a file with --output FILE",
+        ),
+    }
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    started = {
+        script: subprocess.Popen(
+            ["bash", "-c", script],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for script in scripts
+    }
+    for script, proc in started.items():
+        _, err = proc.communicate(timeout=600)
+        code, message = scripts[script]
+        assert proc.returncode == code and "Traceback" not in err, err
+        assert err.splitlines()[-1].startswith(message), err
+    assert len(list((run / "checkpoints").iterdir())) == 1  # stopped early, its step saved
+    assert cli("train", "--resume", run, "max_steps=2") == 0

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
 import shutil
 import signal
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -193,6 +195,33 @@ def test_signal_at_the_end_saves_and_resume_finishes_exactly(
     assert (run / "model.safetensors").read_bytes() == (
         tmp_path / "reference" / "model.safetensors"
     ).read_bytes()
+
+
+class ClosedAfter(io.StringIO):
+    """A stdout whose reader goes away after `lines` writes (`qkv train | head`)."""
+
+    def __init__(self, lines: int) -> None:
+        super().__init__()
+        self.lines = lines
+
+    def write(self, text: str) -> int:
+        if self.lines <= 0:
+            raise BrokenPipeError(32, "Broken pipe")
+        self.lines -= 1
+        return super().write(text)
+
+
+def test_a_closed_stdout_stops_like_a_signal_and_resume_is_exact(
+    reference: Trainer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stdout = ClosedAfter(lines=6)
+    monkeypatch.setattr(sys, "stdout", stdout)
+    with pytest.raises(TrainingInterrupted, match=r"stdout closed: checkpoint saved at step \d"):
+        train(tmp_path)
+    assert sys.stdout is stdout  # the guard is gone
+    monkeypatch.undo()
+    resumed = train(tmp_path, resume=True)
+    assert_same_weights(weights(resumed), weights(reference))
 
 
 def test_resume_skips_a_corrupt_newest_checkpoint(

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from qkv.cli import device_name, print_json
-from qkv.commands.io import input_lines
+from qkv.commands.io import check_output, input_lines
 from qkv.data.readers import is_blank, read_texts
 from qkv.errors import ConfigError, DataError
 
@@ -16,6 +16,7 @@ def run(args: argparse.Namespace) -> int:
     from qkv.inference.classifier import Classifier
     from qkv.tasks.classification import clean_text
 
+    check_output(None)  # stdout open
     classifier = Classifier.load(args.run_dir, device_name(args))
     if args.input:
         field = classifier.data.text_field

@@ -16,6 +16,8 @@ def input_lines(path: str | None) -> list[str]:
     when gzipped; empty lines are kept (they translate to empty lines)."""
     if path:
         return read_lines(Path(path), allow_empty=True)
+    if sys.stdin is None:  # started with stdin closed (`<&-`)
+        raise DataError("<stdin>", "closed; give the input with --input FILE")
     try:
         data = sys.stdin.buffer.read()
     except OSError as error:
@@ -28,9 +30,12 @@ def check_output(path: str | None) -> None:
     """Fail before any work if `path` cannot be written.
 
     Raises:
-        DataError: `path` is a directory, or its directory is missing or cannot be written.
+        DataError: `path` is a directory, or its directory is missing or cannot be written;
+            without `path`, stdout is closed.
     """
     if not path:
+        if sys.stdout is None:  # started with stdout closed (`>&-`)
+            raise DataError("<stdout>", "closed; give a file with --output FILE")
         return
     target = Path(path)
     if target.is_dir():

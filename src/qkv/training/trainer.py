@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import signal
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 from tqdm import tqdm
@@ -26,7 +28,7 @@ from qkv.training.task import GraphableTask, TrainingTask
 
 
 class TrainingInterrupted(QkvError):
-    """Training stopped on SIGINT/SIGTERM after saving a checkpoint."""
+    """Training stopped on SIGINT/SIGTERM, or its stdout closed, after saving a checkpoint."""
 
 
 class TrainingDiverged(QkvError):
@@ -52,18 +54,56 @@ class Progress:
 
 @contextlib.contextmanager
 def stop_signals() -> Iterator[list[str]]:
-    """Record SIGINT/SIGTERM instead of dying; the trainer checks the list after each step."""
+    """Record SIGINT/SIGTERM, and a reader of stdout that goes away (`qkv train | head`),
+    instead of dying where the run stands; the trainer checks the list after each step."""
     received: list[str] = []
 
     def handler(signum: int, _frame: FrameType | None) -> None:
-        received.append(signal.Signals(signum).name)
+        received.append(f"{signal.Signals(signum).name} received")
 
     previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    stdout = sys.stdout
+    sys.stdout = _PipeGuard(stdout, received)
     try:
         yield received
     finally:
+        sys.stdout = stdout
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+class _PipeGuard:
+    """A text stream that takes a closed pipe as a request to stop: the first write or flush
+    that finds the reader gone is recorded in `received`, and from then on the output goes to
+    the null device (so that neither the rest of the run nor Python's exit fails on it)."""
+
+    def __init__(self, stream: TextIO, received: list[str]) -> None:
+        self._stream, self._received = stream, received
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._closed()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._closed()
+
+    def _closed(self) -> None:
+        if "stdout closed" in self._received:
+            return
+        self._received.append("stdout closed")
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 class Trainer:
@@ -153,8 +193,8 @@ class Trainer:
         """Run until max_epochs / max_steps / max_minutes / early stopping."""
         c, p = self.config, self.progress
         parameters = sum(t.numel() for t in self.model.parameters() if t.requires_grad)
-        print(f"training {parameters:,} parameters on {self.device} from step {p.step}", flush=True)
         with stop_signals() as received:
+            print(f"training {parameters:,} parameters on {self.device} from step {p.step}")
             bar = tqdm(
                 total=c.max_steps or None,
                 initial=p.step,
@@ -181,7 +221,7 @@ class Trainer:
                         if not validated:
                             self.save()
                         raise TrainingInterrupted(
-                            f"{received[0]} received: checkpoint saved at step {p.step}; "
+                            f"{received[0]}: checkpoint saved at step {p.step}; "
                             f"continue with: qkv train --resume {self.run_dir}"
                         )
                 if not p.done:
@@ -194,7 +234,7 @@ class Trainer:
                 self.validate()
             if received:  # before or during the final validation: the averaging is left to do
                 raise TrainingInterrupted(
-                    f"{received[0]} received: checkpoint saved at step {p.step}; "
+                    f"{received[0]}: checkpoint saved at step {p.step}; "
                     f"finish with: qkv train --resume {self.run_dir}"
                 )
             self.finish()
