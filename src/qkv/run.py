@@ -15,7 +15,7 @@ import dataclasses
 import json
 import os
 import typing
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,6 +162,26 @@ def load_run_weights(model: nn.Module, run_dir: Path) -> None:
 
 def load_tokenizer(run_dir: Path) -> Tokenizer:
     return Tokenizer.load(run_dir / TOKENIZER_FILE)
+
+
+M = TypeVar("M", bound=nn.Module)
+
+
+def build_model(factory: Callable[[ModelConfig], M], config: ModelConfig) -> M:
+    """`factory(config)`, with a one-line ConfigError for a config it refuses or a model too
+    large for this machine's memory, in place of a traceback."""
+    try:
+        return factory(config)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    except RuntimeError as error:  # torch's allocators say "can't allocate" or "out of memory"
+        if "allocate" not in str(error) and "out of memory" not in str(error):
+            raise
+        reason = str(error).splitlines()[0]
+        raise ConfigError(
+            f"the model does not fit in memory (d_model {config.d_model}, "
+            f"d_ff {config.d_ff}, vocabulary {config.vocab_size}): {reason}"
+        ) from None
 
 
 def data_settings(kind: type[T], values: dict[str, Any], run_dir: Path) -> T:

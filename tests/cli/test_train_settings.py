@@ -51,6 +51,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("weight_decay=inf", "weight_decay must be a number"),
         ("n_classes=3", "n_classes does not apply to translation"),
         ("max_len=100000000", "max_len must be between 1 and 65536"),
+        ("n_decoder_layers=0", "translation needs a decoder: n_decoder_layers must be 1 or more"),
+        ("tgt_vocab_size=100", "translation shares one vocabulary"),
     ],
 )
 def test_translation_settings_out_of_place(

@@ -44,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
     values = overrides.parse_pairs(args.overrides)
     if wrong := sorted(set(values) & NOT_FOR[args.task]):
         raise ConfigError(f"{', '.join(wrong)} does not apply to {args.task}")
+    if args.task == "translation" and "tgt_vocab_size" in values:
+        raise ConfigError("translation shares one vocabulary (vocab_size) between its two sides")
     if args.task == "classification":
         if "cls" in values:
             raise ConfigError("cls follows the pooling: set pooling=cls for a [CLS] token")

@@ -20,7 +20,14 @@ from qkv.data.tokenizer import Tokenizer, check_vocabulary, size_note
 from qkv.errors import CheckpointError, ConfigError, DataError
 from qkv.model.classifier import TextClassifier
 from qkv.model.config import MAX_POSITIONS, ModelConfig
-from qkv.run import CONFIG_FILE, TOKENIZER_FILE, RunConfig, data_settings, load_tokenizer
+from qkv.run import (
+    CONFIG_FILE,
+    TOKENIZER_FILE,
+    RunConfig,
+    build_model,
+    data_settings,
+    load_tokenizer,
+)
 from qkv.training.config import TrainConfig
 from qkv.training.speed import pick_device, set_threads, tune_allocator
 from qkv.training.trainer import Progress, Trainer
@@ -302,12 +309,13 @@ def train_classification(
             "max_len": max(model_config.max_len, data.max_len),
         }
         model_config = ModelConfig(**fields)
+    random.seed(train_config.seed)
+    torch.manual_seed(train_config.seed)
+    model = build_model(TextClassifier, model_config)  # before the run is saved
+    if not resume:
         RunConfig("classification", model_config, train_config, asdict(data)).save(run_dir)
     elif isinstance(resume, RunConfig):
         resume.save(run_dir)
-    random.seed(train_config.seed)
-    torch.manual_seed(train_config.seed)
-    model = TextClassifier(model_config)
     task = ClassificationTask(model, corpora, data, train_config)
     trainer = Trainer(task, train_config, run_dir, device)
     if resume:

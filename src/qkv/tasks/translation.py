@@ -26,7 +26,7 @@ from qkv.evaluation.bleu import score_translations
 from qkv.inference.translate import DecodeOptions, translate_ids
 from qkv.model.config import MAX_POSITIONS, ModelConfig
 from qkv.model.seq2seq import Seq2SeqTransformer
-from qkv.run import TOKENIZER_FILE, RunConfig, data_settings, load_tokenizer
+from qkv.run import TOKENIZER_FILE, RunConfig, build_model, data_settings, load_tokenizer
 from qkv.training.config import TrainConfig
 from qkv.training.losses import bucket_loss, nonpad_logits, smoothed_cross_entropy
 from qkv.training.speed import pick_device, set_threads, tune_allocator
@@ -228,6 +228,8 @@ def train_translation(
         # Positions for the longest pair kept: `max_len` names the data's limit.
         fields = {**model_config.to_dict(), "max_len": max(model_config.max_len, data.max_len)}
         model_config = ModelConfig(**fields)
+        if model_config.n_decoder_layers < 1:  # refused before any work
+            raise ConfigError("translation needs a decoder: n_decoder_layers must be 1 or more")
     device = pick_device(train_config.device)  # before any work: a missing GPU fails first
     run_dir.mkdir(parents=True, exist_ok=True)
     set_threads(train_config.threads)
@@ -236,12 +238,13 @@ def train_translation(
     tokenizer, corpora, valid_refs = prepare(data, run_dir, tokenizer, model_config.max_len)
     if not resume:
         model_config = _with_vocab(model_config, tokenizer.vocab_size)
+    random.seed(train_config.seed)
+    torch.manual_seed(train_config.seed)
+    model = build_model(Seq2SeqTransformer, model_config)  # before the run is saved
+    if not resume:
         RunConfig("translation", model_config, train_config, asdict(data)).save(run_dir)
     elif isinstance(resume, RunConfig):
         resume.save(run_dir)
-    random.seed(train_config.seed)
-    torch.manual_seed(train_config.seed)
-    model = Seq2SeqTransformer(model_config)
     task = TranslationTask(
         model, tokenizer, corpora, valid_refs, train_config, train_config.label_smoothing
     )
