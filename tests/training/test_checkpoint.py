@@ -248,11 +248,13 @@ def test_prune_keeps_the_newest(tmp_path: Path) -> None:
     for step in (5, 10, 15, 20):
         save(root / f"step-{step:07d}", step=step)
     (root / "step-0000025.tmp").mkdir()
+    (root / "step-0000999").mkdir()  # incomplete: not counted, not removed
     ckpt.prune_checkpoints(root, 2)
     assert sorted(p.name for p in root.iterdir()) == [
         "step-0000015",
         "step-0000020",
         "step-0000025.tmp",
+        "step-0000999",
     ]
 
 

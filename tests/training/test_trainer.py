@@ -242,6 +242,44 @@ def test_resume_skips_a_corrupt_newest_checkpoint(
     assert_same_weights(weights(resumed), weights(reference))
 
 
+@pytest.mark.parametrize(
+    "progress", [{"history": 5}, {"step": "x"}, {"epoch": -1}, {"steps": 3}], ids=str
+)
+def test_resume_skips_a_checkpoint_whose_progress_does_not_fit(
+    reference: Trainer, tmp_path: Path, capsys: pytest.CaptureFixture[str], progress: dict
+) -> None:
+    with pytest.raises(TrainingInterrupted):
+        train(tmp_path, ToyTask(interrupt_at(8, signal.SIGINT)))
+    state = tmp_path / "checkpoints" / "step-0000008" / "state.json"
+    record = json.loads(state.read_text())
+    record["progress"].update(progress)
+    state.write_text(json.dumps(record))  # valid JSON, no checksum of its own
+    capsys.readouterr()
+
+    resumed = train(tmp_path, resume=True)
+    out = capsys.readouterr().out
+    assert f"warning: skipping bad checkpoint: {state}: corrupt (progress." in out
+    assert f"resuming from {tmp_path / 'checkpoints' / 'step-0000006'}" in out
+    assert_same_weights(weights(resumed), weights(reference))
+
+
+def test_averaging_leaves_out_a_bad_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(TrainingInterrupted):
+        train(tmp_path, ToyTask(interrupt_at(10, signal.SIGINT)), average_last=3)
+    newest = tmp_path / "checkpoints" / "step-0000009" / "model.safetensors"
+    data = bytearray(newest.read_bytes())
+    data[-1] ^= 0xFF
+    newest.write_bytes(bytes(data))
+    capsys.readouterr()
+    resumed = train(tmp_path, resume=True, average_last=3)  # from step 10, then 12, averaged
+    out = capsys.readouterr().out
+    assert f"warning: not averaging a bad checkpoint: {newest}: checksum mismatch" in out
+    assert "average of last 2 checkpoints" in out
+    assert resumed.progress.step == 12
+
+
 def test_resume_before_the_first_checkpoint_starts_over(
     reference: Trainer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -316,12 +317,21 @@ def list_checkpoints(root: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.name)
 
 
-def latest_good_checkpoint(root: Path) -> tuple[Path | None, list[str]]:
-    """The newest checkpoint that verifies, and a message for each newer one that does not."""
+def latest_good_checkpoint(
+    root: Path, check: Callable[[Path, dict[str, Any]], None] | None = None
+) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint that verifies, and a message for each newer one that does not.
+
+    Args:
+        check: also refuses a checkpoint whose state (read from its state.json) does not fit,
+            by raising CheckpointError.
+    """
     problems: list[str] = []
     for directory in reversed(list_checkpoints(root)):
         try:
-            verify_checkpoint(directory)
+            record = verify_checkpoint(directory)
+            if check is not None:
+                check(directory, record)
         except CheckpointError as error:
             problems.append(str(error))
             continue
@@ -329,9 +339,25 @@ def latest_good_checkpoint(root: Path) -> tuple[Path | None, list[str]]:
     return None, problems
 
 
+def good_checkpoints(directories: list[Path]) -> tuple[list[Path], list[str]]:
+    """Those of `directories` that verify, and a message for each of the others."""
+    good: list[Path] = []
+    problems: list[str] = []
+    for directory in directories:
+        try:
+            verify_checkpoint(directory)
+        except CheckpointError as error:
+            problems.append(str(error))
+            continue
+        good.append(directory)
+    return good, problems
+
+
 def prune_checkpoints(root: Path, keep: int) -> None:
-    """Delete all but the newest `keep` checkpoints."""
-    for directory in list_checkpoints(root)[:-keep] if keep > 0 else []:
+    """Delete all but the newest `keep` complete checkpoints (those with a state.json; the
+    others, which a resume reports, are left for their owner to look at)."""
+    complete = [d for d in list_checkpoints(root) if (d / STATE_FILE).is_file()]
+    for directory in complete[:-keep] if keep > 0 else []:
         shutil.rmtree(directory, ignore_errors=True)
 
 

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import time
+import typing
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ import torch
 from tqdm import tqdm
 
 from qkv.errors import CheckpointError, QkvError
+from qkv.fits import fits
 from qkv.training import checkpoint as ckpt
 from qkv.training.config import TrainConfig
 from qkv.training.graphed import GraphedStep
@@ -106,6 +108,23 @@ class _PipeGuard:
         return getattr(self._stream, name)
 
 
+def check_progress(directory: Path, record: dict[str, Any]) -> None:
+    """Refuse a checkpoint whose recorded progress does not fit `Progress` (a state.json
+    edited by hand, say: it carries no checksum of its own)."""
+    progress = record.get("progress")
+    hints = typing.get_type_hints(Progress)
+    problem = "no progress" if not isinstance(progress, dict) else None
+    for key, value in progress.items() if isinstance(progress, dict) else ():
+        if key not in hints or not fits(value, hints[key]):
+            problem = f"progress.{key} is {value!r}"
+            break
+        if key in ("step", "epoch", "batch_index", "best_step") and value < 0:
+            problem = f"progress.{key} is {value!r}, below 0"
+            break
+    if problem is not None:
+        raise CheckpointError(f"{directory / ckpt.STATE_FILE}: corrupt ({problem})")
+
+
 class Trainer:
     """Trains `task.model` into `run_dir`, resuming from its newest good checkpoint if asked."""
 
@@ -152,7 +171,7 @@ class Trainer:
 
     def resume(self) -> None:
         """Continue from the newest checkpoint that verifies; say which were skipped."""
-        directory, problems = ckpt.latest_good_checkpoint(self.checkpoints)
+        directory, problems = ckpt.latest_good_checkpoint(self.checkpoints, check_progress)
         for problem in problems:
             print(f"warning: skipping bad checkpoint: {problem}")
         if directory is None and not problems and not (self.run_dir / "model.safetensors").exists():
@@ -390,8 +409,13 @@ class Trainer:
     def finish(self) -> None:
         """Try the average of the last k checkpoints; keep it if it validates better."""
         c, p = self.config, self.progress
-        found = ckpt.list_checkpoints(self.checkpoints)[-c.average_last :] if c.average_last else []
-        if len(found) < 2 or rank() != 0:
+        if not c.average_last or rank() != 0:
+            return
+        last = ckpt.list_checkpoints(self.checkpoints)[-c.average_last :]
+        found, problems = ckpt.good_checkpoints(last)
+        for problem in problems:
+            print(f"warning: not averaging a bad checkpoint: {problem}")
+        if len(found) < 2:
             return
         averaged = ckpt.average_weights(found)
         self.model.load_state_dict(averaged, strict=False)
