@@ -77,7 +77,13 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
     _add_speed_options(translate)
     translate.add_argument("--input", metavar="FILE", help="one sentence per line (default stdin)")
     translate.add_argument("--output", metavar="FILE", help="default stdout")
-    translate.set_defaults(run=_run_translate)
+    # What these options are when not given, so that one that does not apply can be refused.
+    defaults = {dest: translate.get_default(dest) for dest in SEARCH_OPTIONS + SAMPLING_OPTIONS}
+    translate.set_defaults(run=_run_translate, option_defaults=defaults)
+
+
+SEARCH_OPTIONS = ("beam", "alpha")
+SAMPLING_OPTIONS = ("temperature", "top_k", "top_p")
 
 
 def _add_search_options(parser: argparse.ArgumentParser) -> None:

@@ -217,6 +217,10 @@ def test_translate_reads_gzipped_stdin(
         (["--sample", "--temperature", "nan"], "temperature must be a number > 0"),
         (["--sample", "--top-p", "0"], "top_p"),
         (["--workers", "0"], "workers must be >= 1"),
+        (["--top-k", "5"], "--top-k is for --sample; without it qkv searches"),
+        (["--beam", "1", "--temperature", "0.5"], "--temperature is for --sample"),
+        (["--sample", "--beam", "3"], "--beam is for beam search, which --sample replaces"),
+        (["--sample", "--alpha", "1"], "--alpha is for beam search"),
     ],
 )
 def test_translate_refuses_options_out_of_range(

@@ -53,6 +53,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("max_len=100000000", "max_len must be between 1 and 65536"),
         ("n_decoder_layers=0", "translation needs a decoder: n_decoder_layers must be 1 or more"),
         ("tgt_vocab_size=100", "translation shares one vocabulary"),
+        ("data_dir=elsewhere", "--data and data_dir= both say the same thing"),
     ],
 )
 def test_translation_settings_out_of_place(
@@ -74,6 +75,7 @@ def test_translation_settings_out_of_place(
         ("n_classes=5", "n_classes follows the data's labels"),
         ("valid_file=v.jsonl valid_fraction=0.2", "--valid-fraction holds out part of --train"),
         ("--valid v.jsonl --valid-fraction 0.2", "--valid-fraction holds out part of --train"),
+        ("train_file=other.jsonl", "--train and train_file= both say the same thing"),
     ],
 )
 def test_classification_settings_out_of_place(

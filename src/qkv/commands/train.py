@@ -44,6 +44,9 @@ def run(args: argparse.Namespace) -> int:
     values = overrides.parse_pairs(args.overrides)
     if wrong := sorted(set(values) & NOT_FOR[args.task]):
         raise ConfigError(f"{', '.join(wrong)} does not apply to {args.task}")
+    for flag, key in FLAG_SETTINGS[args.task].items():
+        if key in values and _given(args, (flag,)):
+            raise ConfigError(f"{flag} and {key}= both say the same thing; give one")
     if args.task == "translation" and "tgt_vocab_size" in values:
         raise ConfigError("translation shares one vocabulary (vocab_size) between its two sides")
     if args.task == "classification":
@@ -103,6 +106,16 @@ def _given(args: argparse.Namespace, flags: tuple[str, ...]) -> list[str]:
     names = {flag: flag.removeprefix("--").replace("-", "_") for flag in flags}
     return [flag for flag, name in names.items() if getattr(args, name, None) is not None]
 
+
+FLAG_SETTINGS = {
+    "translation": {"--data": "data_dir", "--src": "src", "--tgt": "tgt"},
+    "classification": {
+        "--train": "train_file",
+        "--valid": "valid_file",
+        "--valid-fraction": "valid_fraction",
+    },
+}
+"""The data setting each flag of `qkv train` sets."""
 
 DATA_PATHS = ("data_dir", "train_file", "valid_file")
 """Data settings that may change on `--resume`: where the same data now lives."""
