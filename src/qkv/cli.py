@@ -283,7 +283,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     pairs = [item for item in extra if "=" in item and not item.startswith("-")]
     if len(pairs) < len(extra) or (pairs and not getattr(args, "accepts_overrides", False)):
         hint = " (give an input file with --input FILE)" if args.command in INPUT_COMMANDS else ""
-        parser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+        accepted = pairs if getattr(args, "accepts_overrides", False) else []
+        unknown = [item for item in extra if item not in accepted]
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
     args.overrides = pairs
     if not getattr(args, "run", None):
         parser.print_help()

@@ -69,6 +69,8 @@ class RunConfig:
     @classmethod
     def load(cls, run_dir: Path) -> RunConfig:
         path = run_dir / CONFIG_FILE
+        if run_dir.is_file():
+            raise CheckpointError(f"{run_dir}: a file, not a run directory")
         if not run_dir.is_dir():
             raise CheckpointError(f"{run_dir}: run directory not found")
         if not path.is_file():

@@ -138,7 +138,8 @@ def test_train_on_a_missing_gpu_fails_before_any_work(
     code, err = qkv(capsys, "train", "translation", "--data", data, "--out", out, "device=cuda")
     assert code == 2
     assert (
-        err.startswith("qkv: device=cuda, but torch sees no CUDA device") and err.count("\n") == 1
+        err.startswith("qkv: device cuda asked for, but torch sees no CUDA device")
+        and err.count("\n") == 1
     )
     assert not out.exists()
 
@@ -151,7 +152,9 @@ def test_resume_on_a_missing_gpu_says_how_to_go_on(
     shutil.copytree(translation_run, run)
     code, err = qkv(capsys, "train", "--resume", run, "device=cuda")
     assert code == 2
-    assert "device=cuda, but torch sees no CUDA device" in err and "device=cpu" in err
+    assert (
+        "device cuda asked for, but torch sees no CUDA device" in err and "use auto or cpu" in err
+    )
     assert cli("train", "--resume", run, "device=cpu", "max_steps=6") == 0
 
 
@@ -755,3 +758,16 @@ def test_closed_streams_are_named_and_a_closed_pipe_stops_training_cleanly(
         assert err.splitlines()[-1].startswith(message), err
     assert len(list((run / "checkpoints").iterdir())) == 1  # stopped early, its step saved
     assert cli("train", "--resume", run, "max_steps=2") == 0
+
+
+def test_messages_name_what_is_wrong(
+    capsys: pytest.CaptureFixture[str], translation_run: Path, tmp_path: Path
+) -> None:
+    code, err = qkv(capsys, "train", "foo", "--data", TRANSLATION / "good", "--out", tmp_path / "r")
+    assert code == 2 and err == "qkv: unknown task 'foo': train translation or classification\n"
+    weights = translation_run / "model.safetensors"
+    code, err = qkv(capsys, "translate", weights, "--input", TEXT / "src.de")
+    assert code == 2 and err == f"qkv: {weights}: a file, not a run directory\n"
+    with pytest.raises(SystemExit):
+        qkv(capsys, "train", "translation", "--out", tmp_path / "r", "max_steps=3", "lr")
+    assert "unrecognized arguments: lr\n" in capsys.readouterr().err

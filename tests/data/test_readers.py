@@ -58,6 +58,7 @@ def test_lines_ended_by_carriage_returns_alone_are_refused(tmp_path: Path) -> No
         read_lines(path)
     assert_data_error(error, path, None)
     assert read_lines(write(tmp_path / "one.txt", "one line\r")) == ["one line"]
+    assert read_lines(write(tmp_path / "inside.txt", "Ein\rHund\n")) == ["Ein\rHund"]
 
 
 @pytest.mark.parametrize(

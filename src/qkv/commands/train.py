@@ -35,7 +35,9 @@ def run(args: argparse.Namespace) -> int:
                 "(data that moved: data_dir=, train_file= or valid_file=)"
             )
         return _resume(Path(args.resume), overrides.parse_pairs(args.overrides))
-    if args.task not in ("translation", "classification") or args.out is None:
+    if args.task is not None and args.task not in ("translation", "classification"):
+        raise ConfigError(f"unknown task {args.task!r}: train translation or classification")
+    if args.task is None or args.out is None:
         raise ConfigError("train needs a task (translation or classification) and --out RUN")
     other = "classification" if args.task == "translation" else "translation"
     if given := _given(args, FLAGS[other]):

@@ -246,7 +246,7 @@ def split_lines(text: str, path: str | Path) -> list[str]:
     if lines[-1] == "":
         lines.pop()
     lines = [line.rstrip("\r") for line in lines]
-    if len(lines) == 1 and "\r" in lines[0]:
+    if "\n" not in text and len(lines) == 1 and "\r" in lines[0]:  # "\n"-ended: a CR inside
         raise DataError(
             path, "lines end in a carriage return alone (classic Mac OS); convert them to \\n"
         )

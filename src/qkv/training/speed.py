@@ -45,8 +45,8 @@ def pick_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(
-            f"device={name}, but torch sees no CUDA device (no GPU, or a CPU-only torch): "
-            "use device=auto or device=cpu"
+            f"device {name} asked for, but torch sees no CUDA device (no GPU, or a CPU-only "
+            "torch): use auto or cpu"
         )
     try:
         device = torch.device(name)
