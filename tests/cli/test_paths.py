@@ -127,9 +127,8 @@ def translation_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run
 
 
-def test_resume_after_the_data_moved_says_how_and_then_works(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def one_step_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
+    """tmp_path / "run", trained for one step on a copy of the corpus in tmp_path / "data"."""
     shutil.copytree(TRANSLATION, tmp_path / "data")
     run = tmp_path / "run"
     code, _, err = qkv(
@@ -137,6 +136,13 @@ def test_resume_after_the_data_moved_says_how_and_then_works(
         *TINY_TRANSLATION, "eval_every=1", "max_steps=1",
     )  # fmt: skip
     assert code == 0, err
+    return run
+
+
+def test_resume_after_the_data_moved_says_how_and_then_works(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = one_step_run(tmp_path, capsys)  # trained on tmp_path / "data"
     (tmp_path / "data").rename(tmp_path / "moved")
     before = (run / "config.json").read_text()
     code, _, err = qkv(capsys, "train", "--resume", run, "max_steps=2")
@@ -161,13 +167,7 @@ def test_resume_after_the_data_moved_says_how_and_then_works(
 def test_resume_refuses_other_data_and_changes_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    shutil.copytree(TRANSLATION, tmp_path / "data")
-    run = tmp_path / "run"
-    code, _, err = qkv(
-        capsys, "train", "translation", "--data", tmp_path / "data", "--out", run,
-        *TINY_TRANSLATION, "eval_every=1", "max_steps=1",
-    )  # fmt: skip
-    assert code == 0, err
+    run = one_step_run(tmp_path, capsys)  # trained on tmp_path / "data"
     other = shutil.copytree(tmp_path / "data", tmp_path / "other")
     valid = other / "val.en"
     lines = valid.read_text().splitlines()

@@ -224,41 +224,45 @@ def test_a_closed_stdout_stops_like_a_signal_and_resume_is_exact(
     assert_same_weights(weights(resumed), weights(reference))
 
 
-def test_resume_skips_a_corrupt_newest_checkpoint(
-    reference: Trainer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    with pytest.raises(TrainingInterrupted):
-        train(tmp_path, ToyTask(interrupt_at(8, signal.SIGINT)))
-    newest = tmp_path / "checkpoints" / "step-0000008" / "model.safetensors"
-    data = bytearray(newest.read_bytes())
+def flip_last_byte(path: Path) -> str:
+    data = bytearray(path.read_bytes())
     data[-1] ^= 0xFF
-    newest.write_bytes(bytes(data))
-    capsys.readouterr()
-
-    resumed = train(tmp_path, resume=True)
-    out = capsys.readouterr().out
-    assert f"warning: skipping bad checkpoint: {newest}: checksum mismatch" in out
-    assert f"resuming from {tmp_path / 'checkpoints' / 'step-0000006'}" in out
-    assert_same_weights(weights(resumed), weights(reference))
+    path.write_bytes(bytes(data))
+    return f"{path}: checksum mismatch"
 
 
-@pytest.mark.parametrize(
-    "progress", [{"history": 5}, {"step": "x"}, {"epoch": -1}, {"steps": 3}], ids=str
-)
-def test_resume_skips_a_checkpoint_whose_progress_does_not_fit(
-    reference: Trainer, tmp_path: Path, capsys: pytest.CaptureFixture[str], progress: dict
+def edit_progress(path: Path, changes: dict[str, Any]) -> str:
+    record = json.loads(path.read_text())
+    record["progress"].update(changes)
+    path.write_text(json.dumps(record))  # valid JSON: state.json has no checksum of its own
+    return f"{path}: corrupt (progress."
+
+
+DAMAGE: dict[str, tuple[str, Callable[[Path], str]]] = {
+    "weights torn": ("model.safetensors", flip_last_byte),
+    **{
+        f"progress {changes}": ("state.json", lambda p, c=changes: edit_progress(p, c))
+        for changes in ({"history": 5}, {"step": "x"}, {"epoch": -1}, {"steps": 3})
+    },
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGE.values(), ids=DAMAGE.keys())
+def test_resume_skips_a_bad_newest_checkpoint(
+    reference: Trainer,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    damage: tuple[str, Callable[[Path], str]],
 ) -> None:
     with pytest.raises(TrainingInterrupted):
         train(tmp_path, ToyTask(interrupt_at(8, signal.SIGINT)))
-    state = tmp_path / "checkpoints" / "step-0000008" / "state.json"
-    record = json.loads(state.read_text())
-    record["progress"].update(progress)
-    state.write_text(json.dumps(record))  # valid JSON, no checksum of its own
+    name, spoil = damage
+    problem = spoil(tmp_path / "checkpoints" / "step-0000008" / name)
     capsys.readouterr()
 
     resumed = train(tmp_path, resume=True)
     out = capsys.readouterr().out
-    assert f"warning: skipping bad checkpoint: {state}: corrupt (progress." in out
+    assert f"warning: skipping bad checkpoint: {problem}" in out
     assert f"resuming from {tmp_path / 'checkpoints' / 'step-0000006'}" in out
     assert_same_weights(weights(resumed), weights(reference))
 
@@ -268,14 +272,11 @@ def test_averaging_leaves_out_a_bad_checkpoint(
 ) -> None:
     with pytest.raises(TrainingInterrupted):
         train(tmp_path, ToyTask(interrupt_at(10, signal.SIGINT)), average_last=3)
-    newest = tmp_path / "checkpoints" / "step-0000009" / "model.safetensors"
-    data = bytearray(newest.read_bytes())
-    data[-1] ^= 0xFF
-    newest.write_bytes(bytes(data))
+    problem = flip_last_byte(tmp_path / "checkpoints" / "step-0000009" / "model.safetensors")
     capsys.readouterr()
     resumed = train(tmp_path, resume=True, average_last=3)  # from step 10, then 12, averaged
     out = capsys.readouterr().out
-    assert f"warning: not averaging a bad checkpoint: {newest}: checksum mismatch" in out
+    assert f"warning: not averaging a bad checkpoint: {problem}" in out
     assert "average of last 2 checkpoints" in out
     assert resumed.progress.step == 12
 
