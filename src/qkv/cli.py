@@ -157,7 +157,7 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     translation_only = ("src", "ref", "beam", "alpha", "max_len_a", "max_len_b", "workers", "bf16")
     # What an option is when not given, so that one given for the other task can be refused.
     defaults = {"translation": {dest: evaluate.get_default(dest) for dest in translation_only}}
-    defaults["classification"] = {"data": None}
+    defaults["classification"] = {"data": evaluate.get_default("data")}
     evaluate.set_defaults(run=_run_evaluate, task_options=defaults)
 
 
@@ -316,6 +316,16 @@ def os_problem(error: OSError) -> str:
     reason = error.strerror or str(error)
     path = error.filename2 if error.filename2 is not None else error.filename
     return f"{path}: {reason.lower()}" if path is not None else reason
+
+
+def given_options(args: argparse.Namespace, defaults: dict[str, object]) -> list[str]:
+    """The flags ("--top-k") of those options in `defaults` (by destination, with the value
+    each has when not given) that the command line set to something else."""
+    return [
+        "--" + dest.replace("_", "-")
+        for dest, default in defaults.items()
+        if getattr(args, dest) != default
+    ]
 
 
 def device_name(args: argparse.Namespace) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from qkv.cli import device_name, print_json
+from qkv.cli import device_name, given_options, print_json
 from qkv.errors import ConfigError
 from qkv.run import RunConfig
 
@@ -13,10 +13,8 @@ from qkv.run import RunConfig
 def run(args: argparse.Namespace) -> int:
     task = RunConfig.load(Path(args.run_dir)).task
     for other, options in args.task_options.items():
-        given = [dest for dest, default in options.items() if getattr(args, dest) != default]
-        if other != task and given:
-            flag = "--" + given[0].replace("_", "-")
-            raise ConfigError(f"{flag} is for {other} runs; {args.run_dir} is a {task} run")
+        if other != task and (given := given_options(args, options)):
+            raise ConfigError(f"{given[0]} is for {other} runs; {args.run_dir} is a {task} run")
     if task == "translation":
         return _translation(args)
     from qkv.commands.classify import evaluate_classification

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from qkv.cli import SAMPLING_OPTIONS, SEARCH_OPTIONS, device_name
+from qkv.cli import SAMPLING_OPTIONS, SEARCH_OPTIONS, device_name, given_options
 from qkv.commands.io import check_output, input_lines, write_lines
 from qkv.errors import ConfigError
 
@@ -14,12 +14,11 @@ def run(args: argparse.Namespace) -> int:
     from qkv.training.speed import tune_allocator
 
     unused = SEARCH_OPTIONS if args.sample else SAMPLING_OPTIONS
-    if given := [dest for dest in unused if getattr(args, dest) != args.option_defaults[dest]]:
-        flag = "--" + given[0].replace("_", "-")
+    if given := given_options(args, {dest: args.option_defaults[dest] for dest in unused}):
         raise ConfigError(
-            f"{flag} is for beam search, which --sample replaces"
+            f"{given[0]} is for beam search, which --sample replaces"
             if args.sample
-            else f"{flag} is for --sample; without it qkv searches (--beam)"
+            else f"{given[0]} is for --sample; without it qkv searches (--beam)"
         )
     tune_allocator()  # decoding allocates the same large blocks every step
     check_output(args.output)  # before the work, not after
