@@ -328,29 +328,30 @@ def latest_good_checkpoint(
     """
     problems: list[str] = []
     for directory in reversed(list_checkpoints(root)):
-        try:
-            record = verify_checkpoint(directory)
-            if check is not None:
-                check(directory, record)
-        except CheckpointError as error:
-            problems.append(str(error))
-            continue
-        return directory, problems
+        if (problem := _problem(directory, check)) is None:
+            return directory, problems
+        problems.append(problem)
     return None, problems
 
 
 def good_checkpoints(directories: list[Path]) -> tuple[list[Path], list[str]]:
     """Those of `directories` that verify, and a message for each of the others."""
-    good: list[Path] = []
-    problems: list[str] = []
-    for directory in directories:
-        try:
-            verify_checkpoint(directory)
-        except CheckpointError as error:
-            problems.append(str(error))
-            continue
-        good.append(directory)
-    return good, problems
+    problems = {directory: _problem(directory) for directory in directories}
+    good = [directory for directory, problem in problems.items() if problem is None]
+    return good, [problem for problem in problems.values() if problem is not None]
+
+
+def _problem(
+    directory: Path, check: Callable[[Path, dict[str, Any]], None] | None = None
+) -> str | None:
+    """What is wrong with the checkpoint in `directory` (see `latest_good_checkpoint`), or None."""
+    try:
+        record = verify_checkpoint(directory)
+        if check is not None:
+            check(directory, record)
+    except CheckpointError as error:
+        return str(error)
+    return None
 
 
 def prune_checkpoints(root: Path, keep: int) -> None:
