@@ -3,9 +3,12 @@ the JSON that `config.json` holds alike."""
 
 from __future__ import annotations
 
+import dataclasses
 import types
 import typing
 from typing import Any
+
+from qkv.errors import ConfigError
 
 
 def fits(value: Any, annotation: Any) -> bool:
@@ -32,3 +35,20 @@ def type_name(annotation: Any) -> str:
     if typing.get_origin(annotation):
         return str(annotation).replace("typing.", "")
     return str(annotation.__name__)
+
+
+def typed_section(section: Any, config: type, name: str) -> dict[str, Any]:
+    """`section`, a mapping read from JSON, checked to be an object whose values fit the
+    fields of the dataclass `config` (keys it lacks are left to `config` to refuse).
+
+    Raises:
+        ConfigError: naming `name.key` and the value that does not fit.
+    """
+    if not isinstance(section, dict):
+        raise ConfigError(f"'{name}' must be a JSON object, got {type(section).__name__}")
+    hints = typing.get_type_hints(config) if dataclasses.is_dataclass(config) else {}
+    for key, value in section.items():
+        hint = hints.get(key)
+        if hint is not None and not fits(value, hint):
+            raise ConfigError(f"{name}.{key} is {value!r}, expected {type_name(hint)}")
+    return section

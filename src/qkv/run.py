@@ -11,10 +11,8 @@ Everything that loads a run needs only its path; nothing here unpickles anything
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-import typing
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -31,7 +29,7 @@ except ImportError:  # Windows
 from qkv import __version__
 from qkv.data.tokenizer import Tokenizer
 from qkv.errors import CheckpointError, ConfigError
-from qkv.fits import fits, type_name
+from qkv.fits import typed_section
 from qkv.model.config import ModelConfig
 from qkv.training.checkpoint import atomic_write_text, load_weights
 from qkv.training.config import TrainConfig
@@ -95,24 +93,12 @@ class RunConfig:
         try:
             return cls(
                 task=raw["task"],
-                model=ModelConfig.from_dict(_typed(raw["model"], ModelConfig, "model")),
-                train=TrainConfig.from_dict(_typed(raw["train"], TrainConfig, "train")),
-                data=_typed(raw.get("data", {}), dict, "data"),
+                model=ModelConfig.from_dict(typed_section(raw["model"], ModelConfig, "model")),
+                train=TrainConfig.from_dict(typed_section(raw["train"], TrainConfig, "train")),
+                data=typed_section(raw.get("data", {}), dict, "data"),
             )
         except (KeyError, TypeError, ConfigError) as error:
             raise CheckpointError(f"{path}: invalid config ({error})") from None
-
-
-def _typed(section: Any, config: type, name: str) -> dict[str, Any]:
-    """`section` of config.json, checked to be an object whose values fit `config`'s fields."""
-    if not isinstance(section, dict):
-        raise ConfigError(f"'{name}' must be a JSON object, got {type(section).__name__}")
-    hints = typing.get_type_hints(config) if dataclasses.is_dataclass(config) else {}
-    for key, value in section.items():
-        hint = hints.get(key)
-        if hint is not None and not fits(value, hint):
-            raise ConfigError(f"{name}.{key} is {value!r}, expected {type_name(hint)}")
-    return section
 
 
 @contextmanager
@@ -189,7 +175,7 @@ def build_model(factory: Callable[[ModelConfig], M], config: ModelConfig) -> M:
 def data_settings(kind: type[T], values: dict[str, Any], run_dir: Path) -> T:
     """A task's data settings from config.json, with a clear error when they do not fit."""
     try:
-        return kind(**_typed(values, kind, "data"))
+        return kind(**typed_section(values, kind, "data"))
     except (TypeError, ConfigError) as error:
         raise CheckpointError(
             f"{run_dir / CONFIG_FILE}: data section does not fit ({error})"

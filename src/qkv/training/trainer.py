@@ -8,9 +8,8 @@ import os
 import signal
 import sys
 import time
-import typing
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
@@ -18,8 +17,8 @@ from typing import Any, TextIO
 import torch
 from tqdm import tqdm
 
-from qkv.errors import CheckpointError, QkvError
-from qkv.fits import fits
+from qkv.errors import CheckpointError, ConfigError, QkvError
+from qkv.fits import typed_section
 from qkv.training import checkpoint as ckpt
 from qkv.training.config import TrainConfig
 from qkv.training.graphed import GraphedStep
@@ -111,18 +110,18 @@ class _PipeGuard:
 def check_progress(directory: Path, record: dict[str, Any]) -> None:
     """Refuse a checkpoint whose recorded progress does not fit `Progress` (a state.json
     edited by hand, say: it carries no checksum of its own)."""
-    progress = record.get("progress")
-    hints = typing.get_type_hints(Progress)
-    problem = "no progress" if not isinstance(progress, dict) else None
-    for key, value in progress.items() if isinstance(progress, dict) else ():
-        if key not in hints or not fits(value, hints[key]):
-            problem = f"progress.{key} is {value!r}"
-            break
-        if key in ("step", "epoch", "batch_index", "best_step") and value < 0:
-            problem = f"progress.{key} is {value!r}, below 0"
-            break
-    if problem is not None:
-        raise CheckpointError(f"{directory / ckpt.STATE_FILE}: corrupt ({problem})")
+    try:
+        progress = typed_section(record.get("progress"), Progress, "progress")
+        if unknown := sorted(set(progress) - {f.name for f in fields(Progress)}):
+            raise ConfigError(f"progress.{unknown[0]} is unknown")
+        if negative := [k for k in COUNTS if isinstance(progress.get(k), int) and progress[k] < 0]:
+            raise ConfigError(f"progress.{negative[0]} is {progress[negative[0]]}, below 0")
+    except ConfigError as error:
+        raise CheckpointError(f"{directory / ckpt.STATE_FILE}: corrupt ({error})") from None
+
+
+COUNTS = ("step", "epoch", "batch_index", "best_step")
+"""Fields of `Progress` that count from 0."""
 
 
 class Trainer:
@@ -239,10 +238,7 @@ class Trainer:
                     if received:
                         if not validated:
                             self.save()
-                        raise TrainingInterrupted(
-                            f"{received[0]}: checkpoint saved at step {p.step}; "
-                            f"continue with: qkv train --resume {self.run_dir}"
-                        )
+                        raise self.interrupted(received[0], "continue")
                 if not p.done:
                     p.epoch, p.batch_index = p.epoch + 1, 0
             bar.close()
@@ -252,12 +248,16 @@ class Trainer:
             elif unvalidated:
                 self.validate()
             if received:  # before or during the final validation: the averaging is left to do
-                raise TrainingInterrupted(
-                    f"{received[0]}: checkpoint saved at step {p.step}; "
-                    f"finish with: qkv train --resume {self.run_dir}"
-                )
+                raise self.interrupted(received[0], "finish")
             self.finish()
         return p
+
+    def interrupted(self, reason: str, then: str) -> TrainingInterrupted:
+        """The error that ends a run stopped for `reason`, its checkpoint saved."""
+        return TrainingInterrupted(
+            f"{reason}: checkpoint saved at step {self.progress.step}; "
+            f"{then} with: qkv train --resume {self.run_dir}"
+        )
 
     def should_stop(self) -> bool:
         c, p = self.config, self.progress
