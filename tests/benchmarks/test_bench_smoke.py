@@ -51,6 +51,7 @@ def bench(monkeypatch: pytest.MonkeyPatch) -> object:
         "bench",
         "decode_phase",
         "gemm_cache",
+        "frozen_ab",
         "optimizer_ab",
         "peers",
         "phases",
@@ -197,6 +198,25 @@ def test_optimizer_ab_trains_with_both_kernels(
     rate = optimizer_ab.main(["--shape", "tiny", "--threads", "1", "--warmup", "1", "--steps", "2"])
     assert sorted(rate) == ["foreach", "fused"] and min(rate.values()) > 0
     assert "fused / foreach" in capsys.readouterr().out
+
+
+def test_frozen_ab_decodes_both_ways_and_puts_the_decoder_back(
+    bench: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import frozen_ab
+
+    import qkv.inference.incremental as incremental
+    from qkv.model.frozen_linear import frozen_copy
+
+    argv = ["--shape", "tiny", "--threads", "1", "--sentences", "8", "--infer-batch", "4"]
+    out = frozen_ab.main([*argv, "--new-tokens", "3", "--passes", "1", "--beam", "2"])
+    assert sorted(out) == ["beam-2", "greedy"]
+    for figures in out.values():
+        assert figures["sentences"] == 8 and 0 <= figures["same_outputs"] <= 8
+        assert figures["frozen_sent_per_s"] > 0 and figures["plain_sent_per_s"] > 0
+    assert out["greedy"]["same_outputs"] == 8
+    assert "frozen decoder" in capsys.readouterr().out
+    assert incremental.frozen_copy is frozen_copy
 
 
 def test_screen_ab_decodes_both_ways_to_the_same_tokens(

@@ -4,7 +4,9 @@ import pytest
 import torch
 from torch import nn
 
-from qkv.model.frozen_linear import FrozenLinear
+from qkv.model.frozen_linear import FrozenLinear, frozen_copy
+from qkv.model.seq2seq import Seq2SeqTransformer
+from tests.model.helpers import random_ids, tiny_config
 
 
 @pytest.mark.parametrize(("rows", "bias"), [(64, True), (320, False), (1, True)])
@@ -45,3 +47,37 @@ def test_frozen_linear_in_bf16_where_native(monkeypatch: pytest.MonkeyPatch) -> 
         torch.testing.assert_close(frozen(x).float(), layer(x).float(), rtol=1e-2, atol=1e-2)
         monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
         assert FrozenLinear(layer, 64).blocked is None  # no native bf16: the layer as it is
+
+
+def _layers(module: nn.Module, kind: type[nn.Module]) -> list[str]:
+    return [name for name, child in module.named_modules() if type(child) is kind]
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("rows", [3, 70])
+def test_frozen_copy_of_a_decoder_decodes_as_the_decoder(norm_first: bool, rows: int) -> None:
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(tiny_config(norm_first=norm_first)).eval()
+    src, tgt = random_ids(rows, 6), random_ids(rows, 5)
+    src[1, 4:] = 0
+    with torch.inference_mode():
+        frozen = frozen_copy(model.decoder, rows)
+        memory, src_mask, _ = model.encode(src)
+        caches = [model.init_cache(memory, src_mask, max_len=5) for _ in range(2)]
+        for t in range(5):
+            expected = model.decoder.step(tgt[:, t : t + 1], caches[0])  # (N, 1, D)
+            found = frozen.step(tgt[:, t : t + 1], caches[1])  # (N, 1, D)
+            torch.testing.assert_close(found, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_frozen_copy_shares_the_parameters_and_leaves_the_module_as_it_was() -> None:
+    model = Seq2SeqTransformer(tiny_config()).eval()
+    decoder = model.decoder
+    linears = _layers(decoder, nn.Linear)
+    assert len(linears) == 2 * 6  # per layer: two attentions' in_proj and out_proj, two in the FFN
+    frozen = frozen_copy(decoder, 8)
+    assert _layers(frozen, FrozenLinear) == linears
+    assert _layers(frozen, nn.Linear) == [f"{name}.linear" for name in linears]
+    assert _layers(decoder, nn.Linear) == linears and not _layers(decoder, FrozenLinear)
+    assert [id(p) for p in frozen.parameters()] == [id(p) for p in decoder.parameters()]
+    assert frozen.training is decoder.training is False

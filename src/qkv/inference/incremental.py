@@ -7,15 +7,17 @@ from collections.abc import Sequence
 from torch import Tensor
 
 from qkv.inference.output_layer import OutputLayer
+from qkv.model.frozen_linear import frozen_copy
 from qkv.model.seq2seq import Seq2SeqTransformer
 
 
 class ModelDecoder:
     """Encodes a batch of sources once, then decodes step by step on a preallocated cache.
 
-    The output layer is frozen for the batch (`OutputLayer`): decoding does not change the
-    weights. Greedy search asks for `step_argmax`, whose argmax is screened in bf16 where the
-    CPU multiplies bf16 natively, and settled in float32.
+    The decoder's linear layers and the output layer are frozen for the batch (`frozen_copy`,
+    `OutputLayer`): decoding does not change the weights. Greedy search asks for `step_argmax`,
+    whose argmax is screened in bf16 where the CPU multiplies bf16 natively, and settled in
+    float32.
 
     Args:
         model: the translation model, in eval mode.
@@ -35,15 +37,20 @@ class ModelDecoder:
         self.model = model
         memory, src_mask, _ = model.encode(src_ids)  # (B, S, D), (B, 1, 1, S)
         self.cache = model.init_cache(memory, src_mask, max_steps)
+        self.decoder = frozen_copy(model.decoder, src_ids.size(0))
         self.output = OutputLayer(model.output, src_ids.size(0), never)
 
     def step(self, tokens: Tensor) -> Tensor:
         """tokens (N,) -> next-token logits (N, V), in float32."""
-        return self.model.decode_step(tokens, self.cache, self.output.logits).float()  # (N, V)
+        return self.output.logits(self._states(tokens)).float()  # (N, V)
 
     def step_argmax(self, tokens: Tensor) -> Tensor:
         """tokens (N,) -> the index of each row's largest next-token logit (N,) long."""
-        return self.model.decode_step(tokens, self.cache, self.output.argmax)  # (N,)
+        return self.output.argmax(self._states(tokens))  # (N,)
+
+    def _states(self, tokens: Tensor) -> Tensor:
+        """tokens (N,) -> the decoder's states (N, D); the cache grows by one position."""
+        return self.decoder.step(tokens[:, None], self.cache)[:, 0]  # (N, D)
 
     def select(self, rows: Tensor) -> None:
         """Keep and reorder rows: new row i = old row rows[i]."""

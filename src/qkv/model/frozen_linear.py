@@ -1,23 +1,29 @@
-"""A linear layer frozen for decoding on the CPU: its weight reordered once, used many times.
+"""Linear layers frozen for decoding on the CPU: their weights reordered once, used many times.
 
-Decoding multiplies the same output weight (V, D) by a few dozen or hundred rows at every
-step. oneDNN can reorder that weight once into its blocked layout, which its matmul then
-streams faster than the row-major one (greedy and beam-5 decoding of the benchmark model are
-about 4 % faster; bf16 decoding about 5 %). This is what `torch.compile` does to frozen CPU
-linears; the two operators are called here directly, eagerly. Where they do not apply (a GPU, a
-dtype other than float32 or bf16, bf16 on a CPU without native bf16 matmuls, autocast,
-autograd, a torch built without oneDNN), the layer is used as it is.
+Decoding multiplies the same weights by a few dozen or hundred rows at every step. oneDNN can
+reorder a weight once into its blocked layout, which its matmul then streams faster than the
+row-major one that `F.linear` hands to the BLAS. This is what `torch.compile` does to frozen CPU
+linears; the two operators are called here directly, eagerly. For the whole decoder
+(`frozen_copy`: every linear layer of the decoder layers, and the output layer) greedy decoding
+of the benchmark model is about 1.15× as fast, beam-5 about 1.05× (`benchmarks/README.md`).
+Where they do not apply (a GPU, a dtype other than float32 or bf16, bf16 on a CPU without native
+bf16 matmuls, autocast, autograd, a torch built without oneDNN), the layer is used as it is.
 The numbers are those of `nn.Linear` up to float rounding (tested).
 """
 
 from __future__ import annotations
 
+import copy
+from typing import TypeVar
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+_Module = TypeVar("_Module", bound=nn.Module)
 
-class FrozenLinear:
+
+class FrozenLinear(nn.Module):
     """`linear` for inference, with its weight reordered for oneDNN when that applies.
 
     The weight is copied when this is made: make a new one after the weights change.
@@ -28,6 +34,7 @@ class FrozenLinear:
     """
 
     def __init__(self, linear: nn.Linear, rows: int) -> None:
+        super().__init__()
         self.linear = linear
         self.blocked: Tensor | None = None
         weight = linear.weight
@@ -38,11 +45,37 @@ class FrozenLinear:
                 self.blocked = None
         self.bias = None if linear.bias is None else linear.bias.detach()
 
-    def __call__(self, x: Tensor) -> Tensor:
+    @property
+    def weight(self) -> Tensor:
+        """The layer's own (out, in) weight, for code that slices it."""
+        return self.linear.weight
+
+    def forward(self, x: Tensor) -> Tensor:
         """x (..., in) -> (..., out)."""
         if self.blocked is None or not _applies(x) or torch.is_grad_enabled():
             return F.linear(x, self.linear.weight, self.linear.bias)  # (..., out)
         return torch.ops.mkldnn._linear_pointwise(x, self.blocked, self.bias, "none", [], "")
+
+
+def frozen_copy(module: _Module, rows: int) -> _Module:
+    """A copy of `module` for decoding in which every `nn.Linear` below it is a `FrozenLinear`.
+
+    The copy shares every parameter, buffer and setting of `module`; only its tree of submodules
+    is its own. The weights are reordered now: make a new copy after they change.
+
+    Args:
+        module: e.g. a model's decoder, in eval mode.
+        rows: the usual number of rows per call (a hint for the layout).
+    """
+    twin = copy.copy(module)  # a new object whose attributes are the module's own
+    twin._modules = {name: _frozen(child, rows) for name, child in module._modules.items()}
+    return twin
+
+
+def _frozen(module: nn.Module | None, rows: int) -> nn.Module | None:
+    if isinstance(module, nn.Linear):
+        return FrozenLinear(module, rows)
+    return None if module is None else frozen_copy(module, rows)
 
 
 def _applies(t: Tensor) -> bool:
