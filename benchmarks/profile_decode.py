@@ -22,7 +22,9 @@ from phases import build, decode_batches, for_decoding
 from workload import SHAPES
 
 import qkv.inference.beam as beam_module
+import qkv.inference.incremental as incremental
 import qkv.model.attention as attention_module
+from qkv.inference.incremental import ModelDecoder
 from qkv.model.kv_cache import DecoderCache, KVCache
 
 ENCODER = "encoder (once per batch)"
@@ -32,6 +34,14 @@ OUTPUT = "  output layer"
 REORDER = "cache reorder (select)"
 SEARCH = "beam search step (log-softmax, top-k, bookkeeping)"
 REST = "greedy bookkeeping and the rest"
+LAYER_PARTS = (
+    LAYERS,
+    "    self-attention q/k/v projection",
+    "    cross-attention q projection",
+    "    attention output projections",
+    "    feed-forward",
+    "    layer norms",
+)
 TOP_LEVEL = (ENCODER, STEP, REORDER, SEARCH)
 """Parts that do not overlap; the indented ones are inside the model step."""
 
@@ -57,16 +67,29 @@ def timers(system: Any) -> Iterator[dict[str, float]]:
         seconds[part] += 0.0  # report the parts in this order
 
     wrap(model, "encode", ENCODER)
-    wrap(model, "decode_step", STEP)
-    wrap(model.decoder, "step", LAYERS)
-    for layer in model.decoder.layers:
-        wrap(layer.self_attn, "project_qkv", "    self-attention q/k/v projection")
-        wrap(layer.cross_attn, "project_q", "    cross-attention q projection")
-        wrap(layer.self_attn.out_proj, "forward", "    attention output projections")
-        wrap(layer.cross_attn.out_proj, "forward", "    attention output projections")
-        wrap(layer.ffn, "forward", "    feed-forward")
-        for norm in (layer.self_attn_norm, layer.cross_attn_norm, layer.ffn_norm):
-            wrap(norm, "forward", "    layer norms")
+    wrap(ModelDecoder, "step", STEP)
+    wrap(ModelDecoder, "step_argmax", STEP)
+    made = incremental.frozen_copy
+
+    def timed_copy(decoder: Any, rows: int) -> Any:
+        """The frozen copy that `ModelDecoder` steps through, its parts wrapped (not the
+        model's own modules: the copy would call the wrappers' originals)."""
+        twin = made(decoder, rows)
+        wrap(twin, "step", LAYERS)
+        qkv, q, out, ffn, norms = LAYER_PARTS[1:]
+        for layer in twin.layers:
+            wrap(layer.self_attn, "project_qkv", qkv)
+            wrap(layer.cross_attn, "project_q", q)
+            wrap(layer.self_attn.out_proj, "forward", out)
+            wrap(layer.cross_attn.out_proj, "forward", out)
+            wrap(layer.ffn, "forward", ffn)
+            for norm in (layer.self_attn_norm, layer.cross_attn_norm, layer.ffn_norm):
+                wrap(norm, "forward", norms)
+        return twin
+
+    incremental.frozen_copy = timed_copy
+    for part in LAYER_PARTS:
+        seconds[part] += 0.0  # report the parts in this order
     wrap(attention_module, "eager_attention", "    attention over the caches")
     wrap(KVCache, "append", "    cache append")
     seconds[OUTPUT] += 0.0  # the model step less its decoder layers
@@ -75,6 +98,7 @@ def timers(system: Any) -> Iterator[dict[str, float]]:
     try:
         yield seconds
     finally:
+        incremental.frozen_copy = made
         for owner, name, original in reversed(undo):
             setattr(owner, name, original)
 
