@@ -33,7 +33,7 @@ def test_frozen_linear_serves_other_dtypes_with_the_layer() -> None:
     x = torch.randn(3, 8, dtype=torch.float16)
     with torch.inference_mode():
         frozen = FrozenLinear(layer, 3)
-        assert frozen.blocked is None and torch.equal(frozen(x), layer(x))
+        assert torch.equal(frozen(x), layer(x)) and frozen.blocked is None
 
 
 def test_frozen_linear_in_bf16_where_native(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -43,10 +43,33 @@ def test_frozen_linear_in_bf16_where_native(monkeypatch: pytest.MonkeyPatch) -> 
     with torch.inference_mode():
         frozen = FrozenLinear(layer, 64)
         native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-        assert (frozen.blocked is not None) == (native and torch.backends.mkldnn.is_available())
+        assert frozen.blocked is None  # reordered at the first call
         torch.testing.assert_close(frozen(x).float(), layer(x).float(), rtol=1e-2, atol=1e-2)
+        assert (frozen.blocked is not None) == (native and torch.backends.mkldnn.is_available())
         monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
-        assert FrozenLinear(layer, 64).blocked is None  # no native bf16: the layer as it is
+        other = FrozenLinear(layer, 64)
+        other(x)
+        assert other.blocked is None  # no native bf16: the layer as it is
+
+
+def test_frozen_linear_reorders_at_its_first_call_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    reorder = torch.ops.mkldnn._reorder_linear_weight
+
+    def counted(weight: torch.Tensor, rows: int) -> torch.Tensor:
+        calls.append(rows)
+        return reorder(weight, rows)
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", counted)
+    layer, x = nn.Linear(16, 24), torch.randn(5, 16)
+    frozen = FrozenLinear(layer, 5)
+    assert calls == []
+    with torch.inference_mode():
+        for _ in range(3):
+            torch.testing.assert_close(frozen(x), layer(x), rtol=1e-5, atol=1e-5)
+    assert calls == ([5] if torch.backends.mkldnn.is_available() else [])
+    frozen(x)  # under autograd: the layer itself, nothing reordered
+    assert len(calls) <= 1
 
 
 def _layers(module: nn.Module, kind: type[nn.Module]) -> list[str]:

@@ -26,7 +26,8 @@ _Module = TypeVar("_Module", bound=nn.Module)
 class FrozenLinear(nn.Module):
     """`linear` for inference, with its weight reordered for oneDNN when that applies.
 
-    The weight is copied when this is made: make a new one after the weights change.
+    The weight is copied at the first call that can use the copy (never, for a layer that is
+    only sliced): make a new one after the weights change.
 
     Args:
         linear: the layer, (out, in) weight.
@@ -35,14 +36,9 @@ class FrozenLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear, rows: int) -> None:
         super().__init__()
-        self.linear = linear
-        self.blocked: Tensor | None = None
-        weight = linear.weight
-        if _applies(weight):
-            try:
-                self.blocked = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
-            except (AttributeError, RuntimeError):  # a torch without the operator
-                self.blocked = None
+        self.linear, self.rows = linear, rows
+        self.reorders = _applies(linear.weight)  # False: the layer as it is, always
+        self.blocked: Tensor | None = None  # made at the first call that uses it
         self.bias = None if linear.bias is None else linear.bias.detach()
 
     @property
@@ -52,16 +48,27 @@ class FrozenLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x (..., in) -> (..., out)."""
-        if self.blocked is None or not _applies(x) or torch.is_grad_enabled():
+        blocked = self._blocked() if _applies(x) and not torch.is_grad_enabled() else None
+        if blocked is None:
             return F.linear(x, self.linear.weight, self.linear.bias)  # (..., out)
-        return torch.ops.mkldnn._linear_pointwise(x, self.blocked, self.bias, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise(x, blocked, self.bias, "none", [], "")
+
+    def _blocked(self) -> Tensor | None:
+        """The reordered weight, made now if not yet; None where it cannot be."""
+        if self.blocked is None and self.reorders:
+            try:
+                weight = self.linear.weight.detach()
+                self.blocked = torch.ops.mkldnn._reorder_linear_weight(weight, self.rows)
+            except (AttributeError, RuntimeError):  # a torch without the operator
+                self.reorders = False
+        return self.blocked
 
 
 def frozen_copy(module: _Module, rows: int) -> _Module:
     """A copy of `module` for decoding in which every `nn.Linear` below it is a `FrozenLinear`.
 
     The copy shares every parameter, buffer and setting of `module`; only its tree of submodules
-    is its own. The weights are reordered now: make a new copy after they change.
+    is its own. The weights are reordered at their first use: make a new copy after they change.
 
     Args:
         module: e.g. a model's decoder, in eval mode.
