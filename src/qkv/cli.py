@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from qkv import __version__
-from qkv.errors import QkvError
+from qkv.errors import QkvError, os_problem
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
@@ -278,6 +279,8 @@ INPUT_COMMANDS = ("translate", "classify")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if sys.stderr is None:  # started with stderr closed (2>&-): its messages go nowhere
+        sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (for the process)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     pairs = [item for item in extra if "=" in item and not item.startswith("-")]
@@ -309,13 +312,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as error:  # a path the user named cannot be made, read or written
         print(f"qkv: {os_problem(error)}", file=sys.stderr)
         return 2
-
-
-def os_problem(error: OSError) -> str:
-    """One line for an operating-system error: the path at fault and what is wrong."""
-    reason = error.strerror or str(error)
-    path = error.filename2 if error.filename2 is not None else error.filename
-    return f"{path}: {reason.lower()}" if path is not None else reason
 
 
 def given_options(args: argparse.Namespace, defaults: dict[str, object]) -> list[str]:

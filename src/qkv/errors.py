@@ -35,3 +35,29 @@ class ConfigError(QkvError):
 
 class CheckpointError(QkvError):
     """A run directory or checkpoint is missing, truncated, corrupt or incompatible."""
+
+
+def os_problem(error: OSError) -> str:
+    """One line for an operating-system error: the path at fault and what is wrong.
+
+    A path that cannot be reached because a file stands where a directory would be names
+    that file: "runs/a/b: runs/a is a file, not a directory".
+    """
+    reason = error.strerror or str(error)
+    path = error.filename2 if error.filename2 is not None else error.filename
+    if path is None:
+        return reason
+    if isinstance(error, NotADirectoryError):
+        blocking = file_in_the_way(Path(path))
+        if blocking is not None:
+            return f"{path}: {blocking} is a file, not a directory"
+    return f"{path}: {reason.lower()}"
+
+
+def file_in_the_way(directory: Path) -> Path | None:
+    """The first of `directory` and its parents, from the root down, that exists and is not a
+    directory; None if there is none."""
+    for candidate in [*reversed(directory.parents), directory]:
+        if candidate.exists() and not candidate.is_dir():
+            return candidate
+    return None

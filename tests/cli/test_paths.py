@@ -116,7 +116,7 @@ def test_an_output_that_cannot_be_made_is_one_line(
         capsys, "train", "classification", "--train", data, "--out", data / "run", *TINY, *fields
     )
     assert code == 2
-    assert err.count("\n") == 1 and err.startswith(f"qkv: {data}"), err
+    assert err == f"qkv: {data / 'run'}: {data} is a file, not a directory\n", err
 
 
 @pytest.fixture(scope="module")
@@ -347,3 +347,13 @@ def test_a_run_without_checkpoints_but_with_weights_says_how_to_start_again(
     (run / "model.safetensors").rename(tmp_path / "kept.safetensors")
     code, _, err = qkv(capsys, "train", "--resume", run, "max_steps=2")
     assert code == 0, err
+
+
+def test_training_with_stderr_closed_trains_and_saves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "stderr", None)  # what Python makes of `2>&-`
+    run = tmp_path / "run"
+    args = ["train", "translation", "--data", str(TRANSLATION), "--out", str(run)]
+    assert main([*args, *TINY_TRANSLATION, "eval_every=2"]) == 0
+    assert (run / "model.safetensors").is_file() and list((run / "checkpoints").iterdir())

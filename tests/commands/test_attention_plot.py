@@ -195,7 +195,12 @@ def test_cli_picture_to_a_directory_is_one_line(
     blocker = tmp_path / "file"
     blocker.write_text("x")
     assert main(["plot", str(run_dir), "--out", str(blocker / "curves.png")]) == 2
-    assert capsys.readouterr().err.startswith(f"qkv: {blocker / 'curves.png'}: cannot write (")
+    assert capsys.readouterr().err == (
+        f"qkv: {blocker / 'curves.png'}: cannot write: {blocker} is a file, not a directory\n"
+    )
+    assert main(["plot", str(run_dir), "--out", str(blocker / "deeper" / "curves.png")]) == 2
+    assert f": {blocker} is a file, not a directory" in capsys.readouterr().err
+    assert blocker.read_text() == "x"
 
 
 def test_cli_plot(run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -26,7 +26,7 @@ from matplotlib import font_manager
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from qkv.errors import ConfigError, DataError, QkvError
+from qkv.errors import ConfigError, DataError, QkvError, file_in_the_way
 
 DPI = 110
 MAX_COLUMNS = 4
@@ -272,6 +272,9 @@ def save_figure(figure: Figure, out_path: str | Path) -> Path:
         )
     if out_path.is_dir():
         raise DataError(out_path, "is a directory; give a file name such as maps.png")
+    blocking = file_in_the_way(out_path.parent)
+    if blocking is not None:
+        raise DataError(out_path, f"cannot write: {blocking} is a file, not a directory")
     # A unique sibling in the same directory, so that os.replace is a rename on one file system;
     # opened with open() rather than mkstemp so that the file gets the usual umask permissions.
     temp_path = out_path.with_name(f".{out_path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
