@@ -15,7 +15,7 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -91,9 +91,14 @@ class RunConfig:
         if missing := [name for name in ("model", "train") if name not in raw]:
             raise CheckpointError(f"{path}: invalid config (no {' or '.join(missing)} section)")
         try:
+            model = typed_section(raw["model"], ModelConfig, "model")
+            # qkv writes every field: one missing would be filled by a default that the
+            # weights need not fit, and they would be blamed.
+            if lacking := [f.name for f in fields(ModelConfig) if f.name not in model]:
+                raise ConfigError(f"the model section has no {', '.join(lacking)}")
             return cls(
                 task=raw["task"],
-                model=ModelConfig.from_dict(typed_section(raw["model"], ModelConfig, "model")),
+                model=ModelConfig.from_dict(model),
                 train=TrainConfig.from_dict(typed_section(raw["train"], TrainConfig, "train")),
                 data=typed_section(raw.get("data", {}), dict, "data"),
             )

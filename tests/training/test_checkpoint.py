@@ -236,6 +236,37 @@ def test_weights_that_do_not_fit_the_model(tmp_path: Path) -> None:
         ckpt.load_weights(nn.Sequential(nn.Linear(3, 5)), path)
 
 
+def test_a_changed_byte_in_the_weights_is_found(tmp_path: Path) -> None:
+    path = tmp_path / "model.safetensors"
+    ckpt.save_weights(model(), path, {"note": "kept"})
+    assert ckpt.read_metadata(path)["note"] == "kept"
+    loaded = model()
+    nn.init.zeros_(loaded[0].weight)
+    ckpt.load_weights(loaded, path)
+    assert torch.equal(loaded[0].weight, model()[0].weight)
+    data = bytearray(path.read_bytes())
+    header = int.from_bytes(data[:8], "little")
+    data[8 + header] ^= 1  # the lowest bit of the first number: finite, and the right shape
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"model.safetensors: checksum mismatch \(the file"):
+        ckpt.load_weights(model(), path)
+
+
+def test_weights_without_a_digest_load_as_they_are(tmp_path: Path) -> None:
+    path = tmp_path / "model.safetensors"
+    save_file(ckpt.model_tensors(model()), str(path))  # another writer: no qkv digest
+    assert ckpt.DIGEST_KEY not in ckpt.read_metadata(path)
+    ckpt.load_weights(model(), path)
+
+
+def test_the_digest_does_not_depend_on_the_order_of_the_tensors() -> None:
+    tensors = ckpt.model_tensors(model())
+    reversed_order = dict(reversed(list(tensors.items())))
+    assert ckpt.tensors_digest(reversed_order) == ckpt.tensors_digest(tensors)
+    tensors["0.bias"] = tensors["0.bias"].to(torch.bfloat16)
+    assert ckpt.tensors_digest(tensors) != ckpt.tensors_digest(reversed_order)
+
+
 def test_optimizer_state_of_other_parameters_is_rejected(saved: Path) -> None:
     net = model()
     optimizer = torch.optim.AdamW(list(net.parameters())[:2])
@@ -369,6 +400,19 @@ def test_config_errors_name_the_field(tmp_path: Path) -> None:
     raw["model"]["d_model"] = 64.0
     (tmp_path / "config.json").write_text(json.dumps(raw))
     with pytest.raises(CheckpointError, match=r"config.json: invalid config \(model.d_model is"):
+        RunConfig.load(tmp_path)
+
+
+def test_a_model_field_missing_from_config_is_named_not_left_to_a_default(
+    tmp_path: Path,
+) -> None:
+    raw = valid_run_config()
+    del raw["model"]["d_ff"], raw["model"]["positions"]
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(
+        CheckpointError,
+        match=r"config.json: invalid config \(the model section has no d_ff, positions\)$",
+    ):
         RunConfig.load(tmp_path)
 
 

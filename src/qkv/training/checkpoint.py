@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
@@ -29,6 +29,8 @@ FORMAT_VERSION = 1
 STATE_FILE = "state.json"
 # The files whose SHA-256 STATE_FILE records.
 CHECKED_FILES = ("model.safetensors", "optimizer.safetensors")
+DIGEST_KEY = "qkv_sha256"
+"""The metadata key under which `save_weights` records `tensors_digest` of the weights."""
 
 
 def sha256(path: Path) -> str:
@@ -111,11 +113,24 @@ def model_tensors(model: nn.Module) -> dict[str, Tensor]:
     return out
 
 
+def tensors_digest(tensors: dict[str, Tensor]) -> str:
+    """SHA-256 of the tensors' names, dtypes, shapes and bytes, in the order of their names:
+    the same for the same weights however a file lays them out."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().cpu().contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().data)
+    return digest.hexdigest()
+
+
 def save_weights(model: nn.Module, path: Path, metadata: dict[str, str] | None = None) -> None:
-    """Atomically write the model's weights as safetensors."""
+    """Atomically write the model's weights as safetensors, their digest in its metadata
+    (`load_weights` checks it)."""
     tmp = path.with_name(path.name + ".tmp")
+    tensors = model_tensors(model)
     try:
-        save_tensors(model_tensors(model), tmp, metadata)
+        save_tensors(tensors, tmp, {**(metadata or {}), DIGEST_KEY: tensors_digest(tensors)})
         fsync_file(tmp)
         os.replace(tmp, path)
     except BaseException:
@@ -126,9 +141,12 @@ def save_weights(model: nn.Module, path: Path, metadata: dict[str, str] | None =
 
 
 def load_weights(model: nn.Module, path: Path) -> None:
-    """Load safetensors weights into `model`, with a clear error when they do not fit or are
-    not finite."""
+    """Load safetensors weights into `model`, with a clear error when they do not fit, are
+    not finite, or do not match the digest that `save_weights` wrote."""
     tensors = read_safetensors(path)
+    digest = read_metadata(path).get(DIGEST_KEY)
+    if digest is not None and digest != tensors_digest(tensors):
+        raise CheckpointError(f"{path}: checksum mismatch (the file is torn or corrupt)")
     expected = model_tensors(model)
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
@@ -154,6 +172,15 @@ def load_weights(model: nn.Module, path: Path) -> None:
             "damaged, or was saved from a run that diverged"
         )
     model.load_state_dict(tensors, strict=False)
+
+
+def read_metadata(path: Path) -> dict[str, str]:
+    """The metadata in a safetensors file's header (a file `read_safetensors` has read)."""
+    try:
+        with safe_open(str(path), "pt") as handle:
+            return dict(handle.metadata() or {})
+    except (SafetensorError, OSError, ValueError) as error:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({error})") from None
 
 
 def read_safetensors(path: Path) -> dict[str, Tensor]:
