@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 
 import pytest
 import torch
@@ -73,6 +74,18 @@ def test_workers_need_a_cpu_and_fork(monkeypatch: pytest.MonkeyPatch) -> None:
         check_workers(2, torch.device("cpu"))
 
 
+def test_more_workers_than_cpus_is_warned_about(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(workers_module, "usable_cpus", lambda: 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_workers(2, torch.device("cpu"))  # one per CPU: nothing to say
+    with pytest.warns(UserWarning, match="^64 workers on 2 CPUs: .* 2 is the most that helps$"):
+        check_workers(64, torch.device("cpu"))
+    monkeypatch.undo()
+    assert workers_module.usable_cpus() >= 1
+
+
+@pytest.mark.filterwarnings("ignore:.* workers on .* CPU")  # more workers than CPUs, on purpose
 @pytest.mark.parametrize(
     "fields", [{}, {"beam_size": 3}, {"sampling": True, "top_k": 5, "seed": 7}], ids=str
 )

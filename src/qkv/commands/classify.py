@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import unicodedata
 from pathlib import Path
 
 from qkv.cli import device_name, print_json
@@ -58,10 +59,33 @@ def evaluate_classification(args: argparse.Namespace) -> int:
         f"accuracy {scores.accuracy:.4f}  macro-F1 {scores.macro_f1:.4f}  "
         f"({scores.examples} examples)"
     )
-    cells = [*scores.labels, *(str(count) for row in scores.confusion for count in row)]
-    width = max(len(cell) for cell in cells)
     print("confusion (rows: true, columns: predicted)")
-    print(" " * width + "  " + "  ".join(f"{x:>{width}}" for x in scores.labels))
-    for name, row in zip(scores.labels, scores.confusion, strict=True):
-        print(f"{name:>{width}}  " + "  ".join(f"{v:>{width}}" for v in row))
+    print("\n".join(confusion_lines(scores.labels, scores.confusion)))
     return 0
+
+
+def confusion_lines(labels: list[str], confusion: list[list[int]]) -> list[str]:
+    """The confusion matrix as lines whose columns line up on a terminal: a header of labels,
+    then a row per true label. Wide characters (CJK, emoji) take two columns there, combining
+    marks and joiners none."""
+    cells = [*labels, *(str(count) for row in confusion for count in row)]
+    width = max(display_width(cell) for cell in cells)
+
+    def right(cell: str) -> str:
+        return " " * (width - display_width(cell)) + cell
+
+    lines = [" " * width + "  " + "  ".join(right(label) for label in labels)]
+    for name, row in zip(labels, confusion, strict=True):
+        lines.append(right(name) + "  " + "  ".join(right(str(count)) for count in row))
+    return lines
+
+
+def display_width(text: str) -> int:
+    """Columns `text` takes on a terminal."""
+    return sum(_columns(character) for character in text)
+
+
+def _columns(character: str) -> int:
+    if unicodedata.combining(character) or unicodedata.category(character) in ("Mn", "Me", "Cf"):
+        return 0  # accents, variation selectors, zero-width joiners
+    return 2 if unicodedata.east_asian_width(character) in ("W", "F") else 1

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import multiprocessing
+import os
 import signal
 import threading
 import warnings
@@ -40,7 +41,8 @@ _JOB: Callable[[int], Any] | None = None
 
 
 def check_workers(workers: int, device: torch.device) -> None:
-    """Raise ConfigError when `workers` > 1 processes cannot decode on `device`."""
+    """Raise ConfigError when `workers` > 1 processes cannot decode on `device`; warn when
+    they are more than the CPUs."""
     if workers > 1 and device.type != "cpu":
         raise ConfigError(
             f"workers > 1 decode on a CPU only; this model is on {device.type} "
@@ -48,6 +50,19 @@ def check_workers(workers: int, device: torch.device) -> None:
         )
     if workers > 1 and "fork" not in multiprocessing.get_all_start_methods():
         raise ConfigError("workers > 1 need processes started by fork, which this system lacks")
+    if workers > (cpus := usable_cpus()):
+        warnings.warn(
+            f"{workers} workers on {cpus} CPU{'s' if cpus > 1 else ''}: the extra ones only "
+            f"take turns and hold memory; {cpus} is the most that helps",
+            stacklevel=2,
+        )
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def map_in_workers(job: Callable[[int], Result], count: int, workers: int) -> Iterator[Result]:
