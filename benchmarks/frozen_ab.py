@@ -12,14 +12,13 @@ each, their ratio, the median ratio of paired batches, and how many outputs are 
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from phases import build, decode_batches
+from phases import ab_decoding_parser, build, decode_batches
 from torch import Tensor
 from workload import SHAPES
 
@@ -29,13 +28,7 @@ from qkv.training.speed import tune_allocator
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Print the comparison; return its figures, by search."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument("--sentences", type=int, default=256)
-    parser.add_argument("--infer-batch", type=int, default=64)
-    parser.add_argument("--new-tokens", type=int, default=50)
-    parser.add_argument("--passes", type=int, default=3)
+    parser = ab_decoding_parser(__doc__.splitlines()[0])
     parser.add_argument("--beam", type=int, default=5, help="0 skips beam search")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="base")
     args = parser.parse_args(argv)

@@ -14,6 +14,7 @@ pair      qkv and one peer in one process, their steps interleaved AB BA AB ...
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import math
 import resource
@@ -26,6 +27,19 @@ import torch
 from workload import PAD, SHAPES, Shape, make_sources, make_train_batches, pad_batch
 
 Batch = dict[str, torch.Tensor]
+
+
+def ab_decoding_parser(description: str) -> argparse.ArgumentParser:
+    """The options of the interleaved decoding A/B scripts: threads, the benchmark's decoding
+    workload, and how many passes each way takes."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--sentences", type=int, default=256)
+    parser.add_argument("--infer-batch", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=50)
+    parser.add_argument("--passes", type=int, default=3)
+    return parser
 
 
 def device_of(args: Any) -> torch.device:

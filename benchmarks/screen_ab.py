@@ -19,7 +19,6 @@ it (length-sorted batches under a token budget, a length budget per sentence).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -28,7 +27,7 @@ from functools import partial
 from typing import Any
 
 import torch
-from phases import best_ms, build, decode_batches
+from phases import ab_decoding_parser, best_ms, build, decode_batches
 from torch import Tensor
 from workload import EOS, SHAPES
 
@@ -45,13 +44,7 @@ from qkv.training.speed import tune_allocator
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Print the comparison; return its figures."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument("--sentences", type=int, default=256)
-    parser.add_argument("--infer-batch", type=int, default=64)
-    parser.add_argument("--new-tokens", type=int, default=50)
-    parser.add_argument("--passes", type=int, default=3)
+    parser = ab_decoding_parser(__doc__.splitlines()[0])
     parser.add_argument("--run", help="a trained translation run (default: the benchmark model)")
     parser.add_argument("--src", help="source sentences, one per line (with --run)")
     parser.add_argument("--own-batching", action="store_true", help="with --run: translate_ids")
