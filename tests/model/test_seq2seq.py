@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from qkv.model.frozen_linear import FrozenLinear
+from qkv.model.frozen_linear import FrozenLinear, frozen_copy
 from qkv.model.masks import decoder_self_mask, padding_mask
 from qkv.model.seq2seq import Seq2SeqTransformer
 from tests.model.helpers import random_ids, tiny_config
@@ -89,8 +89,12 @@ def test_cached_decoding_equals_full_forward(
     with torch.inference_mode():  # where the frozen output projection applies
         memory, src_mask, _ = model.encode(src)
         cache = model.init_cache(memory, src_mask, max_len=7)
-        output = FrozenLinear(model.output, rows) if frozen else None
-        steps = [model.decode_step(tgt[:, t], cache, output) for t in range(7)]
+        if frozen:  # as ModelDecoder decodes
+            decoder = frozen_copy(model.decoder, rows)
+            output = FrozenLinear(model.output, rows)
+            steps = [output(decoder.step(tgt[:, t, None], cache)[:, 0]) for t in range(7)]
+        else:
+            steps = [model.decode_step(tgt[:, t], cache) for t in range(7)]
     torch.testing.assert_close(torch.stack(steps, dim=1), full, atol=1e-5, rtol=1e-5)
 
 

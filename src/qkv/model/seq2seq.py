@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import Tensor, nn
 
@@ -153,22 +151,13 @@ class Seq2SeqTransformer(nn.Module):
             position=position,
         )
 
-    def decode_step(
-        self,
-        tokens: Tensor,
-        cache: DecoderCache | StaticDecoderCache,
-        output: Callable[[Tensor], Tensor] | None = None,
-    ) -> Tensor:
-        """tokens (N,), the newest of each row -> next-token logits (N, V), or what `output`
-        makes of the decoder's states.
+    def decode_step(self, tokens: Tensor, cache: DecoderCache | StaticDecoderCache) -> Tensor:
+        """tokens (N,), the newest of each row -> next-token logits (N, V).
 
-        Args:
-            output: what to make of the decoder's states (N, D) instead of `self.output`: the
-                output projection frozen for decoding (`FrozenLinear`, made once per batch by
-                the caller), or what greedy search needs of it (the argmax, (N,)).
+        `ModelDecoder` steps the same way through a copy of the decoder frozen for decoding.
         """
         states = self.decoder.step(tokens[:, None], cache)[:, 0]  # (N, D)
-        return self.output(states) if output is None else output(states)  # (N, V)
+        return self.output(states)  # (N, V)
 
     @torch.no_grad()
     def num_parameters(self, trainable_only: bool = True) -> int:
