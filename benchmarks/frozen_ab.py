@@ -23,6 +23,7 @@ from torch import Tensor
 from workload import SHAPES
 
 import qkv.inference.incremental as incremental
+from qkv.inference.incremental import DecodingWeights
 from qkv.training.speed import tune_allocator
 
 
@@ -44,21 +45,31 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     if args.beam:
         searches[f"beam-{args.beam}"] = lambda batch: system.beam(batch, args.new_tokens, args.beam)
-    return {name: compare(name, run, batches, args.passes) for name, run in searches.items()}
+    return {
+        name: compare(name, run, system, batches, args.passes) for name, run in searches.items()
+    }
 
 
 def compare(
-    name: str, run: Callable[[Tensor], Tensor], batches: list[Tensor], passes: int
+    name: str,
+    run: Callable[[Tensor], Tensor],
+    system: Any,
+    batches: list[Tensor],
+    passes: int,
 ) -> dict[str, Any]:
     """Both ways on every batch, `passes` times, interleaved."""
     seconds: dict[bool, list[float]] = {True: [], False: []}
     found: dict[bool, list[Tensor]] = {True: [], False: []}
+    # Each way keeps its own decoding weights across batches, made at its warm-up.
+    weights = {frozen: DecodingWeights(system.model) for frozen in (True, False)}
     with torch.inference_mode():
         for frozen in (True, False):  # warm-up
+            system._weights = weights[frozen]
             with_frozen_decoder(frozen, run, batches[0])
         for p in range(passes):
             for i, batch in enumerate(batches):
                 for frozen in sorted((True, False), reverse=(p + i) % 2 == 1):
+                    system._weights = weights[frozen]
                     start = time.perf_counter()
                     tokens = with_frozen_decoder(frozen, run, batch)  # (B, L)
                     seconds[frozen].append(time.perf_counter() - start)

@@ -33,7 +33,7 @@ from qkv.data.batching import (
 )
 from qkv.inference.beam import beam_search
 from qkv.inference.graphed import StaticDecoder
-from qkv.inference.incremental import ModelDecoder
+from qkv.inference.incremental import DecodingWeights, ModelDecoder
 from qkv.inference.search import greedy_search
 from qkv.inference.search_graphs import SearchGraphs
 from qkv.model import ModelConfig, Seq2SeqTransformer
@@ -80,6 +80,7 @@ class QkvSystem:
         self.cuda_graphs = cuda_graphs
         self._graphs: SearchGraphs | None = None
         self._graphs_dtype: torch.dtype | None = None
+        self._weights: DecodingWeights | None = None
         config = model_config(shape)
         self.model = Seq2SeqTransformer(config)
         self.meta = {
@@ -148,7 +149,7 @@ class QkvSystem:
         if self.cuda_graphs and src.is_cuda:
             found = self.search_graphs().greedy(src, budget, BOS, EOS)
         else:
-            decoder = ModelDecoder(self.model, src, n, never=(EOS,))
+            decoder = ModelDecoder(self.model, src, n, (EOS,), self.decoding_weights)
             found = greedy_search(decoder, src.size(0), budget, BOS, EOS)
         return torch.tensor(found, dtype=torch.long)  # (B, n)
 
@@ -157,9 +158,18 @@ class QkvSystem:
         if self.cuda_graphs and src.is_cuda:
             found = self.search_graphs().beam(src, k, budget, BEAM_ALPHA, BOS, EOS)
         else:
-            decoder = ModelDecoder(self.model, src, n, never=(EOS,))
+            decoder = ModelDecoder(self.model, src, n, (EOS,), self.decoding_weights)
             found = beam_search(decoder, src.size(0), k, budget, BEAM_ALPHA, BOS, EOS)
         return torch.tensor([hyps[0].tokens for hyps in found], dtype=torch.long)  # (B, n)
+
+    @property
+    def decoding_weights(self) -> DecodingWeights:
+        """The frozen weights of the CPU's eager decoding, kept across batches as
+        `translate_ids` keeps them across the batches of a call (made again for changed
+        weights)."""
+        if self._weights is None or self._weights.model is not self.model:
+            self._weights = DecodingWeights(self.model)
+        return self._weights
 
     def search_graphs(self) -> SearchGraphs:
         """The recorded searches, kept across batches like `translate_ids` keeps them across

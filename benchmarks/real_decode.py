@@ -47,7 +47,7 @@ from qkv.data.special import EOS_ID, PAD_ID
 from qkv.errors import QkvError
 from qkv.evaluation.bleu import score_translations
 from qkv.inference.beam import beam_search
-from qkv.inference.incremental import ModelDecoder
+from qkv.inference.incremental import DecodingWeights, ModelDecoder
 from qkv.inference.search import greedy_search
 from qkv.inference.translate import DecodeOptions, translate_ids
 from qkv.inference.translator import Translator
@@ -175,10 +175,11 @@ def qkv_batches(
 ) -> list[list[int]]:
     """qkv's search on the given batches, every sentence with its batch's budget."""
     out: list[list[int]] = [[] for _ in range(sum(len(b.rows) for b in batches))]
+    weights = DecodingWeights(model)  # kept across the batches, as `translate_ids` keeps them
     for batch in batches:
         n = budget(batch.src, options, model.config.max_len - 1)
         lengths = torch.full((len(batch.rows),), n, dtype=torch.long, device=batch.src.device)
-        decoder = ModelDecoder(model, batch.src, n + 1)
+        decoder = ModelDecoder(model, batch.src, n + 1, weights=weights)
         if beam > 1:
             hyps = beam_search(decoder, len(batch.rows), beam, lengths, ALPHA)
             found = [h[0].tokens for h in hyps]

@@ -69,10 +69,11 @@ def test_the_screened_logits_stay_within_the_bound(d: int, vocab_size: int) -> N
     output = OutputLayer(layer(vocab_size, d, bias=True), 64, screen=True)
     x = states(64, d, seed=3) * torch.logspace(-3, 3, 64)[:, None]  # norms over six decades
     with torch.inference_mode():
-        rounded = output.rounded or output._prepare_screen()
-        screened = rounded(x.to(torch.bfloat16)).float()[:, :vocab_size] + linear_bias(output)
+        screen = output._prepare_screen()
+        screened = screen.rounded(x.to(torch.bfloat16)).float()[:, :vocab_size]
+        screened += linear_bias(output)
         error = (screened.double() - output.logits(x).double()).abs().amax(dim=-1)  # (N,)
-        bound = (output.scale * x.norm(dim=1) + output.offset) / 2  # e(h)
+        bound = (screen.scale * x.norm(dim=1) + screen.offset) / 2  # e(h)
         assert torch.equal(output.argmax(x), output.logits(x).argmax(dim=-1))
     assert bool((error <= bound).all())
 
@@ -143,10 +144,28 @@ def test_never_tokens_are_never_chosen() -> None:
     assert 40 not in found.tolist() and torch.equal(found, logits.argmax(dim=-1))
 
 
+def test_a_copy_excluding_other_tokens_shares_the_frozen_weights() -> None:
+    linear = layer(1024)
+    output = OutputLayer(linear, 4, screen=True)
+    x = linear.weight[40].detach().repeat(4, 1) * 5  # token 40 would win
+    with torch.inference_mode():
+        assert output.argmax(x).tolist() == [40] * 4
+        without = output.excluding((40,))
+        assert 40 not in without.argmax(x).tolist()
+        assert output.argmax(x).tolist() == [40] * 4  # the original is unchanged
+        assert without.rounded is output.rounded is not None  # one bf16 copy
+        late = OutputLayer(linear, 4, screen=True)
+        twin = late.excluding(())
+        twin.argmax(x)  # a copy's first screen is made for the original too
+        assert late.rounded is twin.rounded is not None
+
+
 @pytest.mark.parametrize("never", [(-1,), (1024,), (3, 5000)])
 def test_never_tokens_outside_the_vocabulary_are_refused(never: tuple[int, ...]) -> None:
     with pytest.raises(ValueError, match=r"never: token ids must be in \[0, 1024\)"):
         OutputLayer(layer(1024), 4, never=never)
+    with pytest.raises(ValueError, match=r"never: token ids must be in \[0, 1024\)"):
+        OutputLayer(layer(1024), 4).excluding(never)
 
 
 def test_rows_without_a_candidate_fall_back_to_the_float32_logits() -> None:

@@ -10,6 +10,7 @@ import torch
 
 from qkv.inference.beam import beam_search
 from qkv.inference.graphed import StaticDecoder
+from qkv.inference.incremental import DecodingWeights
 from qkv.inference.search import greedy_search
 from qkv.inference.search_graphs import SearchGraphs
 from qkv.inference.translate import DecodeOptions, _decode_batch
@@ -65,6 +66,7 @@ def test_translate_batches_decode_alike_through_kept_searches(model: Seq2SeqTran
     """`translate_ids`'s batch decoding with the kept searches (what a GPU gets), run eagerly
     here, against its host-driven searches (what the CPU gets)."""
     graphs = SearchGraphs(model)
+    weights = DecodingWeights(model)
     generator = torch.Generator()
     for beam_size in (1, 3):
         options = DecodeOptions(beam_size=beam_size)
@@ -72,6 +74,6 @@ def test_translate_batches_decode_alike_through_kept_searches(model: Seq2SeqTran
             torch.manual_seed(seed)
             src = random_ids(5, 7, vocab=60)
             src[2, 3:] = 0
-            expected = _decode_batch(model, src, options, generator, None)
-            assert _decode_batch(model, src, options, generator, graphs) == expected
+            expected = _decode_batch(model, src, options, generator, None, weights)
+            assert _decode_batch(model, src, options, generator, graphs, weights) == expected
     assert len(graphs.entries) == 2

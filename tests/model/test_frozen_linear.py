@@ -21,6 +21,20 @@ def test_frozen_linear_equals_the_layer(rows: int, bias: bool) -> None:
         torch.testing.assert_close(out, layer(x), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_part_of_a_frozen_linear_equals_those_rows_of_the_layer(bias: bool) -> None:
+    torch.manual_seed(0)
+    layer = nn.Linear(32, 96, bias=bias)
+    frozen = FrozenLinear(layer, 8)
+    x = torch.randn(2, 8, 32)
+    with torch.inference_mode():
+        part = frozen.part(32, 64)
+        assert frozen.part(32, 64) is part  # made once
+        torch.testing.assert_close(part(x), layer(x)[..., 32:64], rtol=1e-5, atol=1e-5)
+        assert frozen.blocked is None  # the whole layer was never called
+    assert part.weight.data_ptr() == layer.weight[32].data_ptr()  # a view, not a copy
+
+
 def test_frozen_linear_keeps_the_graph_when_gradients_are_on() -> None:
     layer = nn.Linear(8, 4)
     out = FrozenLinear(layer, 2)(torch.randn(2, 8))

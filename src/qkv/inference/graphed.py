@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from qkv.graphs import record
-from qkv.inference.incremental import ModelDecoder
+from qkv.inference.incremental import DecodingWeights, ModelDecoder
 from qkv.inference.search import IncrementalDecoder
 from qkv.model.seq2seq import Seq2SeqTransformer
 
@@ -121,6 +121,7 @@ def make_decoder(
     max_steps: int,
     rows: int,
     cuda_graphs: bool = True,
+    weights: DecodingWeights | None = None,
 ) -> IncrementalDecoder:
     """The fastest decoder for the device: CUDA graphs on a GPU, `ModelDecoder` elsewhere.
 
@@ -130,7 +131,8 @@ def make_decoder(
         max_steps: the most tokens any row will be fed (BOS included).
         rows: the most rows the search will hold at once (B * beam width).
         cuda_graphs: False decodes eagerly on a GPU too.
+        weights: the model's `DecodingWeights`, shared by the `ModelDecoder`s of many batches.
     """
     if cuda_graphs and src_ids.device.type == "cuda":
         return StaticDecoder(model, src_ids, max_steps, rows)
-    return ModelDecoder(model, src_ids, max_steps)
+    return ModelDecoder(model, src_ids, max_steps, weights=weights)

@@ -2,20 +2,59 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
+from itertools import chain
 
 from torch import Tensor
 
 from qkv.inference.output_layer import OutputLayer
+from qkv.model.decoder import Decoder
 from qkv.model.frozen_linear import frozen_copy
 from qkv.model.seq2seq import Seq2SeqTransformer
+
+
+class DecodingWeights:
+    """A model's decoder and output layer frozen for decoding (`frozen_copy`, `OutputLayer`),
+    made once for the `ModelDecoder`s of many batches.
+
+    Reordering the weights costs about as much as one or two decoding steps; a batch of
+    greedy decoding takes some fifty. They are made again when a weight of the decoder or the
+    output layer has changed since: trained or loaded in place, cast, moved or replaced (a
+    change through `tensor.data`, which autograd does not see, is not noticed), and every time
+    for weights that are inference tensors.
+
+    Args:
+        model: the translation model, in eval mode.
+    """
+
+    def __init__(self, model: Seq2SeqTransformer) -> None:
+        self.model = model
+        self._made: tuple[Hashable, Decoder, OutputLayer] | None = None
+
+    def frozen(self, rows: int) -> tuple[Decoder, OutputLayer]:
+        """The frozen decoder and output layer; `rows`, the usual number of rows per step, is a
+        hint for the layout of the weights when they are made."""
+        stamp = self._stamp()
+        if self._made is None or self._made[0] != stamp:
+            decoder = frozen_copy(self.model.decoder, rows)
+            self._made = stamp, decoder, OutputLayer(self.model.output, rows)
+        return self._made[1], self._made[2]
+
+    def _stamp(self) -> Hashable:
+        """What changes when a weight does. Inference tensors (made under
+        `torch.inference_mode`) keep no version counter: the weights are made every time."""
+        parameters = chain(self.model.decoder.parameters(), self.model.output.parameters())
+        return tuple(
+            (id(p), p.data_ptr(), object() if p.is_inference() else p._version, p.dtype, p.device)
+            for p in parameters
+        )
 
 
 class ModelDecoder:
     """Encodes a batch of sources once, then decodes step by step on a preallocated cache.
 
-    The decoder's linear layers and the output layer are frozen for the batch (`frozen_copy`,
-    `OutputLayer`): decoding does not change the weights. Greedy search asks for `step_argmax`,
+    The decoder's linear layers and the output layer are frozen (`DecodingWeights`): decoding
+    does not change the weights. Greedy search asks for `step_argmax`,
     whose argmax is screened in bf16 where the CPU multiplies bf16 natively, and settled in
     float32.
 
@@ -25,6 +64,8 @@ class ModelDecoder:
         max_steps: the most tokens any row will be fed (BOS included).
         never: token ids never chosen (their logits are -inf), e.g. EOS for outputs of a
             fixed length.
+        weights: the model's `DecodingWeights`, to share them with other batches; by default
+            they are made for this one.
     """
 
     def __init__(
@@ -33,12 +74,16 @@ class ModelDecoder:
         src_ids: Tensor,
         max_steps: int,
         never: Sequence[int] = (),
+        weights: DecodingWeights | None = None,
     ) -> None:
+        if weights is not None and weights.model is not model:
+            raise ValueError("weights: the DecodingWeights of another model")
         self.model = model
         memory, src_mask, _ = model.encode(src_ids)  # (B, S, D), (B, 1, 1, S)
         self.cache = model.init_cache(memory, src_mask, max_steps)
-        self.decoder = frozen_copy(model.decoder, src_ids.size(0))
-        self.output = OutputLayer(model.output, src_ids.size(0), never)
+        weights = weights or DecodingWeights(model)
+        self.decoder, output = weights.frozen(src_ids.size(0))
+        self.output = output.excluding(never)
 
     def step(self, tokens: Tensor) -> Tensor:
         """tokens (N,) -> next-token logits (N, V), in float32."""

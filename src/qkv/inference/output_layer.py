@@ -23,13 +23,15 @@ The bf16 matmul reads subnormal numbers as 0, which the bound covers with a term
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from qkv.inference.search import _argmax
-from qkv.model.frozen_linear import FrozenLinear, cpu_bf16_matmuls
+from qkv.model.frozen_linear import FrozenLinear, as_linear, cpu_bf16_matmuls
 
 BLOCK = 64
 """Screened logits are searched in blocks of this many tokens: block maxima first, then only
@@ -45,11 +47,21 @@ _DELTA = 2.0**-24  # float32 unit roundoff
 _SMALLEST_NORMAL = 2.0**-126  # of float32 and bf16
 
 
+@dataclass
+class _Screen:
+    """The bf16 copy of the output weight and the constants of the bound, made at the first
+    screened `argmax` of an `OutputLayer` or of any of its `excluding` copies."""
+
+    rounded: FrozenLinear
+    scale: float
+    offset: float
+
+
 class OutputLayer:
-    """The output layer for a batch's decoding: `logits(x)`, and `argmax(x)` screened in bf16
+    """The output layer frozen for decoding: `logits(x)`, and `argmax(x)` screened in bf16
     for float32 rows x (N, D) on the CPU.
 
-    The weight is reordered when this is made, and copied and rounded to bf16 at the first
+    The weight is reordered at the first call, and copied and rounded to bf16 at the first
     `argmax`: make a new one after it changes.
 
     Args:
@@ -75,9 +87,7 @@ class OutputLayer:
         self.exact = FrozenLinear(linear, rows)
         weight = linear.weight.detach()  # (V, D)
         self.vocab_size, self.d = weight.shape
-        if any(not 0 <= int(token) < self.vocab_size for token in never):
-            raise ValueError(f"never: token ids must be in [0, {self.vocab_size}), got {never}")
-        self.never = torch.tensor(list(never), dtype=torch.long, device=weight.device)  # (k,)
+        self.never = _token_ids(never, self.vocab_size, weight.device)  # (k,)
         self.bias = None if linear.bias is None else linear.bias.detach()  # (V,)
         self.min_rows = 1 if screen else MIN_ROWS
         on_cpu = weight.device.type == "cpu"
@@ -85,15 +95,29 @@ class OutputLayer:
             screen = on_cpu and self.vocab_size >= MIN_VOCAB and cpu_bf16_matmuls()
         self.screens = bool(screen) and on_cpu and _is_float32(weight)
         self.rows = rows
-        self.rounded: FrozenLinear | None = None  # made at the first `argmax`
+        self._screen: list[_Screen] = []  # made at the first `argmax`; shared by the copies
         self.candidates = 0  # tokens the last screened `argmax` settled in float32, all rows
 
-    def _prepare_screen(self) -> FrozenLinear:
+    def excluding(self, never: Sequence[int]) -> OutputLayer:
+        """This layer with other `never` tokens, sharing its frozen weights (no copy).
+
+        Raises:
+            ValueError: if a `never` id is not in [0, V).
+        """
+        twin = copy.copy(self)
+        twin.never = _token_ids(never, self.vocab_size, self.never.device)  # (k,)
+        return twin
+
+    @property
+    def rounded(self) -> FrozenLinear | None:
+        """The bf16 copy of the weight (V', D), once a screened `argmax` has made it."""
+        return self._screen[0].rounded if self._screen else None
+
+    def _prepare_screen(self) -> _Screen:
         weight = self.exact.linear.weight.detach()  # (V, D) float32
         blocks = -(-self.vocab_size // BLOCK)
         rounded = weight.new_zeros(blocks * BLOCK, self.d, dtype=torch.bfloat16)  # (V', D)
         rounded[: self.vocab_size] = weight
-        self.rounded = FrozenLinear(_as_linear(rounded), self.rows)
         c = 3 * _U + 4 * _U * _U + 2 * self.d * _DELTA
         w_max = float(_norms(weight).max())
         b_max = 0.0 if self.bias is None else float(self.bias.abs().max())
@@ -103,9 +127,10 @@ class OutputLayer:
         # Twice e(h), as 2 (scale ‖h‖ + offset): with the float32 rounding of adding the bias
         # and of the threshold's own arithmetic (4δ of |logit| <= 1.1 ‖h‖ w_max + b_max), and
         # 1 % to spare.
-        self.scale = 2.02 * ((c + 5 * _DELTA) * w_max + flushed)
-        self.offset = 2.02 * (5 * _DELTA * b_max + flushed * w_max) + 1e-30
-        return self.rounded
+        scale = 2.02 * ((c + 5 * _DELTA) * w_max + flushed)
+        offset = 2.02 * (5 * _DELTA * b_max + flushed * w_max) + 1e-30
+        self._screen.append(_Screen(FrozenLinear(as_linear(rounded), self.rows), scale, offset))
+        return self._screen[0]
 
     def argmax(self, x: Tensor) -> Tensor:
         """x (N, D) -> the index of each row's largest logit (N,) long."""
@@ -129,8 +154,8 @@ class OutputLayer:
     def _screened(self, x: Tensor) -> Tensor:
         """x (N, D) float32 -> argmax (N,) long; V for a row with no candidate."""
         n, vocab_size = x.size(0), self.vocab_size
-        rounded = self.rounded or self._prepare_screen()
-        screened = rounded(x.to(torch.bfloat16)).float()  # (N, V')
+        screen = self._screen[0] if self._screen else self._prepare_screen()
+        screened = screen.rounded(x.to(torch.bfloat16)).float()  # (N, V')
         if self.bias is not None:
             screened[:, :vocab_size] += self.bias
         if screened.size(1) > vocab_size:
@@ -139,7 +164,7 @@ class OutputLayer:
             screened.index_fill_(1, self.never, float("-inf"))
         blocks = screened.size(1) // BLOCK
         block_max = screened.view(n, blocks, BLOCK).amax(dim=-1)  # (N, V' / 64)
-        threshold = block_max.amax(dim=-1) - (self.scale * _norms(x) + self.offset)  # (N,)
+        threshold = block_max.amax(dim=-1) - (screen.scale * _norms(x) + screen.offset)  # (N,)
         threshold = threshold.where(threshold.isfinite(), torch.nan)  # no candidate: fall back
 
         rows, block = (block_max >= threshold[:, None]).nonzero().unbind(1)  # (P,) each
@@ -160,6 +185,12 @@ class OutputLayer:
         return found.scatter_reduce(0, rows[wins], tokens[wins], "amin")  # (N,) first on ties
 
 
+def _token_ids(never: Sequence[int], vocab_size: int, device: torch.device) -> Tensor:
+    if any(not 0 <= int(token) < vocab_size for token in never):
+        raise ValueError(f"never: token ids must be in [0, {vocab_size}), got {never}")
+    return torch.tensor(list(never), dtype=torch.long, device=device)  # (k,)
+
+
 def _norms(rows: Tensor) -> Tensor:
     """Euclidean norms of the rows (N, D) -> (N,) float32, summed in float64: squares below
     float32's smallest normal number would read as 0."""
@@ -168,10 +199,3 @@ def _norms(rows: Tensor) -> Tensor:
 
 def _is_float32(t: Tensor) -> bool:
     return t.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
-
-
-def _as_linear(weight: Tensor) -> nn.Linear:
-    """A bias-free `nn.Linear` around `weight` (out, in), without copying it."""
-    layer = nn.Linear(weight.size(1), weight.size(0), bias=False, device="meta")
-    layer.weight = nn.Parameter(weight, requires_grad=False)
-    return layer

@@ -15,6 +15,7 @@ from qkv.errors import ConfigError
 from qkv.fits import fits, type_name
 from qkv.inference.beam import beam_search
 from qkv.inference.graphed import make_decoder
+from qkv.inference.incremental import DecodingWeights
 from qkv.inference.precision import decoding_model
 from qkv.inference.search import check_sampling, greedy_search, sample
 from qkv.inference.search_graphs import SearchGraphs
@@ -137,6 +138,7 @@ def _translate_ids(
         for batch in token_budget_batches(lengths, budget, shuffle=False, seed=0, epoch=0)
     ]
     graphs = SearchGraphs(model) if options.cuda_graphs and device.type == "cuda" else None
+    weights = DecodingWeights(model)  # made at the first batch (of each worker)
     seeds = torch.randint(
         2**62, (len(sources),), generator=torch.Generator().manual_seed(options.seed)
     ).tolist()  # one per sentence
@@ -147,7 +149,8 @@ def _translate_ids(
         src = torch.full((len(rows), width), PAD_ID, dtype=torch.long)  # (B, S)
         for j, r in enumerate(rows):
             src[j, : len(sources[r])] = torch.tensor(sources[r])
-        return _decode_batch(model, src.to(device), options, [seeds[r] for r in rows], graphs)
+        seeds_of_rows = [seeds[r] for r in rows]
+        return _decode_batch(model, src.to(device), options, seeds_of_rows, graphs, weights)
 
     found_batches = map_in_workers(decode, len(batches), options.workers)
     with tqdm(total=len(todo), unit="sent", disable=None if progress else True, leave=False) as bar:
@@ -165,10 +168,11 @@ def _decode_batch(
     options: DecodeOptions,
     seeds: list[int],
     graphs: SearchGraphs | None,
+    weights: DecodingWeights,
 ) -> list[list[int]]:
     """Sources (B, S), padded, on the model's device -> B lists of target ids. `seeds`: one per
     sentence, for sampling. With `graphs` (on a GPU), greedy and beam search run as replays of
-    graphs kept across batches."""
+    graphs kept across batches; elsewhere the batches share the frozen `weights`."""
     batch = src.size(0)
     src_lengths = (src != PAD_ID).sum(1)  # (B,)
     limit = model.config.max_len - 1
@@ -183,7 +187,7 @@ def _decode_batch(
         return graphs.greedy(src, max_lengths)
     beams = 1 if options.sampling else options.beam_size
     decoder = make_decoder(
-        model, src, int(max_lengths.max()) + 1, batch * beams, options.cuda_graphs
+        model, src, int(max_lengths.max()) + 1, batch * beams, options.cuda_graphs, weights
     )
     if options.sampling:
         top_k, top_p = options.top_k, options.top_p

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from qkv.model.frozen_linear import FrozenLinear
 from qkv.model.kv_cache import SelfAttentionCache
 from qkv.model.masks import check_mask
 from qkv.model.packing import Packing
@@ -181,6 +182,8 @@ class MultiHeadAttention(nn.Module):
 
     def _project(self, x: Tensor, first: int, last: int) -> Tensor:
         """x (..., D) through rows [first * D, last * D) of `in_proj` (0 q, 1 k, 2 v)."""
+        if isinstance(self.in_proj, FrozenLinear):  # decoding: that part of it, frozen too
+            return self.in_proj.part(first * self.d_model, last * self.d_model)(x)
         rows = slice(first * self.d_model, last * self.d_model)
         bias = None if self.in_proj.bias is None else self.in_proj.bias[rows]
         return F.linear(x, self.in_proj.weight[rows], bias)  # (..., (last - first) * D)

@@ -26,8 +26,8 @@ _Module = TypeVar("_Module", bound=nn.Module)
 class FrozenLinear(nn.Module):
     """`linear` for inference, with its weight reordered for oneDNN when that applies.
 
-    The weight is copied at the first call that can use the copy (never, for a layer that is
-    only sliced): make a new one after the weights change.
+    The weight is copied at the first call that can use the copy (never, for a layer used only
+    through its `part`s): make a new one after the weights change.
 
     Args:
         linear: the layer, (out, in) weight.
@@ -40,6 +40,7 @@ class FrozenLinear(nn.Module):
         self.reorders = _applies(linear.weight)  # False: the layer as it is, always
         self.blocked: Tensor | None = None  # made at the first call that uses it
         self.bias = None if linear.bias is None else linear.bias.detach()
+        self._parts: dict[tuple[int, int], FrozenLinear] = {}
 
     @property
     def weight(self) -> Tensor:
@@ -52,6 +53,15 @@ class FrozenLinear(nn.Module):
         if blocked is None:
             return F.linear(x, self.linear.weight, self.linear.bias)  # (..., out)
         return torch.ops.mkldnn._linear_pointwise(x, blocked, self.bias, "none", [], "")
+
+    def part(self, start: int, stop: int) -> FrozenLinear:
+        """The layer of output rows [start, stop) of this one (e.g. the query rows of a packed
+        projection), frozen in turn; made once."""
+        if (start, stop) not in self._parts:
+            bias = None if self.bias is None else self.bias[start:stop]
+            linear = as_linear(self.linear.weight.detach()[start:stop], bias)
+            self._parts[start, stop] = FrozenLinear(linear, self.rows)
+        return self._parts[start, stop]
 
     def _blocked(self) -> Tensor | None:
         """The reordered weight, made now if not yet; None where it cannot be."""
@@ -83,6 +93,15 @@ def _frozen(module: nn.Module | None, rows: int) -> nn.Module | None:
     if isinstance(module, nn.Linear):
         return FrozenLinear(module, rows)
     return None if module is None else frozen_copy(module, rows)
+
+
+def as_linear(weight: Tensor, bias: Tensor | None = None) -> nn.Linear:
+    """An `nn.Linear` around `weight` (out, in) and `bias` (out,), without copying them."""
+    layer = nn.Linear(weight.size(1), weight.size(0), bias=bias is not None, device="meta")
+    layer.weight = nn.Parameter(weight, requires_grad=False)
+    if bias is not None:
+        layer.bias = nn.Parameter(bias, requires_grad=False)
+    return layer
 
 
 def _applies(t: Tensor) -> bool:
