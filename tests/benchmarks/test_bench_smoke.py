@@ -200,23 +200,26 @@ def test_optimizer_ab_trains_with_both_kernels(
     assert "fused / foreach" in capsys.readouterr().out
 
 
-def test_frozen_ab_decodes_both_ways_and_puts_the_decoder_back(
-    bench: object, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("change", ["decoder", "kept", "query"])
+def test_frozen_ab_decodes_both_ways_and_puts_everything_back(
+    bench: object, capsys: pytest.CaptureFixture[str], change: str
 ) -> None:
     import frozen_ab
 
     import qkv.inference.incremental as incremental
-    from qkv.model.frozen_linear import frozen_copy
+    import qkv.model.attention as attention
+    from qkv.model.frozen_linear import FrozenLinear, frozen_copy
 
     argv = ["--shape", "tiny", "--threads", "1", "--sentences", "8", "--infer-batch", "4"]
-    out = frozen_ab.main([*argv, "--new-tokens", "3", "--passes", "1", "--beam", "2"])
+    argv += ["--new-tokens", "3", "--passes", "1", "--beam", "2", "--change", change]
+    out = frozen_ab.main(argv)
     assert sorted(out) == ["beam-2", "greedy"]
     for figures in out.values():
         assert figures["sentences"] == 8 and 0 <= figures["same_outputs"] <= 8
-        assert figures["frozen_sent_per_s"] > 0 and figures["plain_sent_per_s"] > 0
+        assert figures["on_sent_per_s"] > 0 and figures["off_sent_per_s"] > 0
     assert out["greedy"]["same_outputs"] == 8
-    assert "frozen decoder" in capsys.readouterr().out
-    assert incremental.frozen_copy is frozen_copy
+    assert frozen_ab.CHANGES[change] in capsys.readouterr().out
+    assert incremental.frozen_copy is frozen_copy and attention.FrozenLinear is FrozenLinear
 
 
 def test_screen_ab_decodes_both_ways_to_the_same_tokens(
