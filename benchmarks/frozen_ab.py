@@ -5,8 +5,10 @@ random weights, its decoding workload, exactly `--new-tokens` tokens per sentenc
 weights on the same batches, taking turns batch by batch (who goes first alternates). They
 differ only in the measure that `--change` names:
 
-- `decoder`: `ModelDecoder` steps through `frozen_copy(model.decoder)`, or through the model's
-  own decoder (the output layer is frozen both ways);
+- `decoder`: `ModelDecoder` encodes and steps through `frozen_copy(model)`, or through the
+  model's own layers (the output layer is frozen both ways);
+- `encoder`: the same, with the model's own encoder in the "off" way (its cross-attention keys
+  and values and its decoder frozen both ways);
 - `kept`: the frozen weights (`DecodingWeights`) are kept across batches, or made again for
   every batch;
 - `query`: cross-attention's query projection is a frozen part of its packed projection
@@ -16,7 +18,7 @@ Each way but `kept`'s "off" keeps its own frozen weights across batches, made at
 Prints sentences per second of each, their ratio, the median ratio of paired batches, and how
 many outputs are the same.
 
-    python benchmarks/frozen_ab.py [--change decoder|kept|query] [--threads 2] [--passes 3]
+    python benchmarks/frozen_ab.py [--change decoder|encoder|kept|query] [--threads 2] [--passes 3]
 """
 
 from __future__ import annotations
@@ -35,10 +37,13 @@ from workload import SHAPES
 import qkv.inference.incremental as incremental
 import qkv.model.attention as attention
 from qkv.inference.incremental import DecodingWeights
+from qkv.model.frozen_linear import frozen_copy
+from qkv.model.seq2seq import Seq2SeqTransformer
 from qkv.training.speed import tune_allocator
 
 CHANGES = {
-    "decoder": "frozen decoder",
+    "decoder": "frozen encoder and decoder",
+    "encoder": "frozen encoder",
     "kept": "frozen weights kept across batches",
     "query": "frozen cross-attention query",
 }
@@ -117,6 +122,13 @@ def compare(
     return out
 
 
+def _encoder_as_is(model: Seq2SeqTransformer, rows: int) -> Seq2SeqTransformer:
+    """`frozen_copy(model)` with the model's own encoder."""
+    twin = frozen_copy(model, rows)
+    twin.encoder = model.encoder
+    return twin
+
+
 class _Nothing:
     """A class of which no layer is an instance."""
 
@@ -128,6 +140,8 @@ def way(change: str, on: bool, system: Any, weights: DecodingWeights) -> Iterato
     system._weights = None if change == "kept" and not on else weights
     if change == "decoder" and not on:
         incremental.frozen_copy = lambda module, rows: module  # type: ignore[assignment]
+    if change == "encoder" and not on:
+        incremental.frozen_copy = _encoder_as_is  # type: ignore[assignment]
     if change == "query" and not on:
         attention.FrozenLinear = _Nothing  # type: ignore[misc, assignment]
     try:

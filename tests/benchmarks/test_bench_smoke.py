@@ -200,7 +200,7 @@ def test_optimizer_ab_trains_with_both_kernels(
     assert "fused / foreach" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("change", ["decoder", "kept", "query"])
+@pytest.mark.parametrize("change", ["decoder", "encoder", "kept", "query"])
 def test_frozen_ab_decodes_both_ways_and_puts_everything_back(
     bench: object, capsys: pytest.CaptureFixture[str], change: str
 ) -> None:

@@ -8,6 +8,7 @@ import torch
 from qkv.data.special import EOS_ID
 from qkv.inference.incremental import DecodingWeights, ModelDecoder
 from qkv.inference.search import greedy_search
+from qkv.model.frozen_linear import FrozenLinear
 from qkv.model.seq2seq import Seq2SeqTransformer
 from tests.model.helpers import random_ids, tiny_config
 
@@ -31,6 +32,28 @@ def test_batches_sharing_decoding_weights_decode_as_batches_with_their_own() -> 
         assert weights.frozen(64) == made  # the same objects: nothing made again
 
 
+def test_the_frozen_model_encodes_and_caches_as_the_model_does() -> None:
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(tiny_config(vocab_size=60)).eval()
+    src = random_ids(5, 7, vocab=60)
+    src[1, 4:] = model.config.pad_id
+    with torch.inference_mode():
+        decoder = ModelDecoder(model, src, 10)
+        memory, src_mask, _ = model.encode(src)
+        cache = model.init_cache(memory, src_mask, 10)
+    frozen, _ = DecodingWeights(model).frozen(5)
+    assert isinstance(frozen.encoder.layers[0].ffn.linear1, FrozenLinear)
+    assert isinstance(frozen.decoder.layers[0].cross_attn.in_proj, FrozenLinear)
+    assert frozen.encoder.layers[0].ffn.linear1.weight is model.encoder.layers[0].ffn.linear1.weight
+    for ours, theirs in zip(
+        decoder.cache.cross_keys + decoder.cache.cross_values,
+        cache.cross_keys + cache.cross_values,
+        strict=True,
+    ):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+    assert torch.equal(decoder.cache.src_mask, cache.src_mask)
+
+
 def test_weights_that_are_inference_tensors_are_made_every_time() -> None:
     with torch.inference_mode():  # no version counters to tell a change
         model = Seq2SeqTransformer(tiny_config(vocab_size=60)).eval()
@@ -43,7 +66,7 @@ def test_weights_that_are_inference_tensors_are_made_every_time() -> None:
         assert greedy(model, src, weights) == greedy(model, src, None) != before
 
 
-@pytest.mark.parametrize("change", ["in place", "replaced", "loaded"])
+@pytest.mark.parametrize("change", ["in place", "encoder in place", "replaced", "loaded"])
 def test_decoding_weights_are_made_again_after_the_weights_change(change: str) -> None:
     torch.manual_seed(0)
     model = Seq2SeqTransformer(tiny_config(vocab_size=60)).eval()
@@ -56,6 +79,9 @@ def test_decoding_weights_are_made_again_after_the_weights_change(change: str) -
         if change == "in place":
             layer.weight.mul_(-3.0)
             model.output.weight.mul_(-3.0)
+        elif change == "encoder in place":
+            for encoder_layer in model.encoder.layers:
+                encoder_layer.ffn.linear1.weight.mul_(-3.0)
         elif change == "replaced":
             model.output.weight = torch.nn.Parameter(-3.0 * model.output.weight)
         else:

@@ -3,25 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from itertools import chain
 
 from torch import Tensor
 
 from qkv.inference.output_layer import OutputLayer
-from qkv.model.decoder import Decoder
 from qkv.model.frozen_linear import frozen_copy
 from qkv.model.seq2seq import Seq2SeqTransformer
 
 
 class DecodingWeights:
-    """A model's decoder and output layer frozen for decoding (`frozen_copy`, `OutputLayer`),
-    made once for the `ModelDecoder`s of many batches.
+    """A model frozen for decoding (`frozen_copy`: its encoder, the cross-attention keys and
+    values and its decoder; `OutputLayer`: its output layer), made once for the
+    `ModelDecoder`s of many batches.
 
     Reordering the weights costs about as much as one or two decoding steps; a batch of
-    greedy decoding takes some fifty. They are made again when a weight of the decoder or the
-    output layer has changed since: trained or loaded in place, cast, moved or replaced (a
-    change through `tensor.data`, which autograd does not see, is not noticed), and every time
-    for weights that are inference tensors.
+    greedy decoding takes some fifty. They are made again when a weight of the model has
+    changed since: trained or loaded in place, cast, moved or replaced (a change through
+    `tensor.data`, which autograd does not see, is not noticed), and every time for weights
+    that are inference tensors.
 
     Args:
         model: the translation model, in eval mode.
@@ -29,32 +28,32 @@ class DecodingWeights:
 
     def __init__(self, model: Seq2SeqTransformer) -> None:
         self.model = model
-        self._made: tuple[Hashable, Decoder, OutputLayer] | None = None
+        self._made: tuple[Hashable, Seq2SeqTransformer, OutputLayer] | None = None
 
-    def frozen(self, rows: int) -> tuple[Decoder, OutputLayer]:
-        """The frozen decoder and output layer; `rows`, the usual number of rows per step, is a
-        hint for the layout of the weights when they are made."""
+    def frozen(self, rows: int) -> tuple[Seq2SeqTransformer, OutputLayer]:
+        """The frozen model (sharing the model's parameters) and output layer; `rows`, the
+        usual number of rows per step, is a hint for the layout of the weights when they are
+        made."""
         stamp = self._stamp()
         if self._made is None or self._made[0] != stamp:
-            decoder = frozen_copy(self.model.decoder, rows)
-            self._made = stamp, decoder, OutputLayer(self.model.output, rows)
+            model = frozen_copy(self.model, rows)
+            self._made = stamp, model, OutputLayer(self.model.output, rows)
         return self._made[1], self._made[2]
 
     def _stamp(self) -> Hashable:
         """What changes when a weight does. Inference tensors (made under
         `torch.inference_mode`) keep no version counter: the weights are made every time."""
-        parameters = chain(self.model.decoder.parameters(), self.model.output.parameters())
         return tuple(
             (id(p), p.data_ptr(), object() if p.is_inference() else p._version, p.dtype, p.device)
-            for p in parameters
+            for p in self.model.parameters()
         )
 
 
 class ModelDecoder:
     """Encodes a batch of sources once, then decodes step by step on a preallocated cache.
 
-    The decoder's linear layers and the output layer are frozen (`DecodingWeights`): decoding
-    does not change the weights. Greedy search asks for `step_argmax`,
+    Every linear layer of the model is frozen (`DecodingWeights`): decoding does not change
+    the weights. Greedy search asks for `step_argmax`,
     whose argmax is screened in bf16 where the CPU multiplies bf16 natively, and settled in
     float32.
 
@@ -79,11 +78,11 @@ class ModelDecoder:
         if weights is not None and weights.model is not model:
             raise ValueError("weights: the DecodingWeights of another model")
         self.model = model
-        memory, src_mask, _ = model.encode(src_ids)  # (B, S, D), (B, 1, 1, S)
-        self.cache = model.init_cache(memory, src_mask, max_steps)
         weights = weights or DecodingWeights(model)
-        self.decoder, output = weights.frozen(src_ids.size(0))
-        self.output = output.excluding(never)
+        frozen, output = weights.frozen(src_ids.size(0))
+        memory, src_mask, _ = frozen.encode(src_ids)  # (B, S, D), (B, 1, 1, S)
+        self.cache = frozen.init_cache(memory, src_mask, max_steps)
+        self.decoder, self.output = frozen.decoder, output.excluding(never)
 
     def step(self, tokens: Tensor) -> Tensor:
         """tokens (N,) -> next-token logits (N, V), in float32."""

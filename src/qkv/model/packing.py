@@ -47,4 +47,4 @@ class Packing:
         """rows (M, ...) -> (B, L, ...), zeros at the padding."""
         tail = rows.shape[1:]
         padded = rows.new_zeros(self.batch * self.length, *tail)  # (B * L, ...)
-        return padded.index_copy(0, self.index, rows).view(self.batch, self.length, *tail)
+        return padded.index_copy_(0, self.index, rows).view(self.batch, self.length, *tail)
