@@ -50,7 +50,6 @@ TOP_LEVEL = (ENCODER, STEP, REORDER, SEARCH)
 def timers(system: Any) -> Iterator[dict[str, float]]:
     """Wrap the parts of a decoding step with timers; yields seconds per part, summed."""
     seconds: dict[str, float] = defaultdict(float)
-    model = system.model
     undo: list[tuple[Any, str, Any]] = []
 
     def wrap(owner: Any, name: str, part: str) -> None:
@@ -66,18 +65,19 @@ def timers(system: Any) -> Iterator[dict[str, float]]:
         setattr(owner, name, timed)
         seconds[part] += 0.0  # report the parts in this order
 
-    wrap(model, "encode", ENCODER)
+    seconds[ENCODER] += 0.0  # report the parts in this order
     wrap(ModelDecoder, "step", STEP)
     wrap(ModelDecoder, "step_argmax", STEP)
     made = incremental.frozen_copy
 
-    def timed_copy(decoder: Any, rows: int) -> Any:
-        """The frozen copy that `ModelDecoder` steps through, its parts wrapped (not the
-        model's own modules: the copy would call the wrappers' originals)."""
-        twin = made(decoder, rows)
-        wrap(twin, "step", LAYERS)
+    def timed_copy(frozen_model: Any, rows: int) -> Any:
+        """The frozen copy that `ModelDecoder` encodes and steps through, its parts wrapped
+        (not the model's own modules: the copy would call the wrappers' originals)."""
+        twin = made(frozen_model, rows)
+        wrap(twin, "encode", ENCODER)
+        wrap(twin.decoder, "step", LAYERS)
         qkv, q, out, ffn, norms = LAYER_PARTS[1:]
-        for layer in twin.layers:
+        for layer in twin.decoder.layers:
             wrap(layer.self_attn, "project_qkv", qkv)
             wrap(layer.cross_attn, "project_q", q)
             wrap(layer.self_attn.out_proj, "forward", out)

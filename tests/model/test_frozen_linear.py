@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from qkv.model.frozen_linear import FrozenLinear, frozen_copy
+from qkv.model.linear import Linear
 from qkv.model.seq2seq import Seq2SeqTransformer
 from tests.model.helpers import random_ids, tiny_config
 
@@ -110,11 +111,12 @@ def test_frozen_copy_of_a_decoder_decodes_as_the_decoder(norm_first: bool, rows:
 def test_frozen_copy_shares_the_parameters_and_leaves_the_module_as_it_was() -> None:
     model = Seq2SeqTransformer(tiny_config()).eval()
     decoder = model.decoder
-    linears = _layers(decoder, nn.Linear)
+    linears = _layers(decoder, Linear)
     assert len(linears) == 2 * 6  # per layer: two attentions' in_proj and out_proj, two in the FFN
+    assert not _layers(model, nn.Linear)  # every linear layer of the model is qkv's `Linear`
     frozen = frozen_copy(decoder, 8)
     assert _layers(frozen, FrozenLinear) == linears
-    assert _layers(frozen, nn.Linear) == [f"{name}.linear" for name in linears]
-    assert _layers(decoder, nn.Linear) == linears and not _layers(decoder, FrozenLinear)
+    assert _layers(frozen, Linear) == [f"{name}.linear" for name in linears]
+    assert _layers(decoder, Linear) == linears and not _layers(decoder, FrozenLinear)
     assert [id(p) for p in frozen.parameters()] == [id(p) for p in decoder.parameters()]
     assert frozen.training is decoder.training is False

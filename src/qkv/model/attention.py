@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from qkv.model.frozen_linear import FrozenLinear
 from qkv.model.kv_cache import SelfAttentionCache
+from qkv.model.linear import Linear, linear
 from qkv.model.masks import check_mask
 from qkv.model.packing import Packing
 
@@ -41,8 +42,8 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
         self.dropout = dropout
-        self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)  # [q; k; v] rows
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.in_proj = Linear(d_model, 3 * d_model, bias=bias)  # [q; k; v] rows
+        self.out_proj = Linear(d_model, d_model, bias=bias)
 
     def _split_heads(self, x: Tensor) -> Tensor:
         batch, length, _ = x.shape
@@ -186,7 +187,7 @@ class MultiHeadAttention(nn.Module):
             return self.in_proj.part(first * self.d_model, last * self.d_model)(x)
         rows = slice(first * self.d_model, last * self.d_model)
         bias = None if self.in_proj.bias is None else self.in_proj.bias[rows]
-        return F.linear(x, self.in_proj.weight[rows], bias)  # (..., (last - first) * D)
+        return linear(x, self.in_proj.weight[rows], bias)  # (..., (last - first) * D)
 
 
 def eager_attention(

@@ -17,8 +17,9 @@ import copy
 from typing import TypeVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
+
+from qkv.model.linear import linear
 
 _Module = TypeVar("_Module", bound=nn.Module)
 
@@ -51,7 +52,7 @@ class FrozenLinear(nn.Module):
         """x (..., in) -> (..., out)."""
         blocked = self._blocked() if _applies(x) and not torch.is_grad_enabled() else None
         if blocked is None:
-            return F.linear(x, self.linear.weight, self.linear.bias)  # (..., out)
+            return linear(x, self.linear.weight, self.linear.bias)  # (..., out)
         return torch.ops.mkldnn._linear_pointwise(x, blocked, self.bias, "none", [], "")
 
     def part(self, start: int, stop: int) -> FrozenLinear:

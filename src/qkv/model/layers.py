@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from qkv.model.attention import MultiHeadAttention
 from qkv.model.dropout import Dropout
 from qkv.model.kv_cache import SelfAttentionCache
+from qkv.model.linear import Linear
 from qkv.model.packing import Packing
 
 
@@ -22,10 +23,10 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, dropout: float, activation: str = "relu"):
         super().__init__()
-        self.linear1 = nn.Linear(d_model, d_ff)
+        self.linear1 = Linear(d_model, d_ff)
         self.activation = nn.GELU() if activation == "gelu" else nn.ReLU()
         self.dropout = Dropout(dropout)
-        self.linear2 = nn.Linear(d_ff, d_model)
+        self.linear2 = Linear(d_ff, d_model)
 
     def forward(self, x: Tensor) -> Tensor:
         """x (..., D) -> (..., D), position by position."""

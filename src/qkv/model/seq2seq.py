@@ -17,6 +17,7 @@ from qkv.model.kv_cache import (
     StaticKVCache,
     first_sources,
 )
+from qkv.model.linear import Linear
 from qkv.model.maps import AttentionMaps
 from qkv.model.masks import decoder_self_mask, padding_mask
 
@@ -55,7 +56,7 @@ class Seq2SeqTransformer(nn.Module):
                 tgt_token,
             ),
         )
-        self.output = nn.Linear(c.d_model, c.target_vocab_size, bias=False)
+        self.output = Linear(c.d_model, c.target_vocab_size, bias=False)
         xavier_init(self, c.pad_id)
         if tie:
             self.output.weight = tgt_token.table.weight

@@ -1,0 +1,73 @@
+"""`linear`: oneDNN's products on the CPU, equal to `F.linear` forward and backward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from qkv.model.linear import Linear, linear
+
+
+def grads(fn, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, seed: int = 1):
+    x, w = x.detach().requires_grad_(), w.detach().requires_grad_()
+    b = None if b is None else b.detach().requires_grad_()
+    out = fn(x, w, b)
+    torch.manual_seed(seed)
+    out.backward(torch.randn_like(out))
+    return out, x.grad, w.grad, None if b is None else b.grad
+
+
+@pytest.mark.parametrize("shape", [(7, 24), (3, 5, 24), (1, 24)])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_linear_matches_f_linear_forward_and_backward(
+    shape: tuple[int, ...], with_bias: bool
+) -> None:
+    torch.manual_seed(0)
+    x, w = torch.randn(*shape), torch.randn(40, 24)
+    b = torch.randn(40) if with_bias else None
+    ours, theirs = grads(linear, x, w, b), grads(F.linear, x, w, b)
+    for a, e in zip(ours, theirs, strict=True):
+        if e is None:
+            assert a is None
+        else:
+            assert a.shape == e.shape
+            torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
+
+
+def test_linear_takes_transposed_inputs_and_only_the_gradients_asked_for() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(24, 6).t()  # (6, 24), not contiguous
+    w = torch.randn(40, 24, requires_grad=True)
+    out = linear(x, w)
+    torch.testing.assert_close(out, F.linear(x, w), rtol=1e-4, atol=1e-4)
+    out.sum().backward()
+    torch.testing.assert_close(w.grad, torch.ones(6, 40).t() @ x, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", ["bf16", "autocast", "empty", "1-d"])
+def test_linear_is_f_linear_where_onednn_does_not_apply(case: str) -> None:
+    torch.manual_seed(0)
+    x, w, b = torch.randn(4, 8), torch.randn(5, 8), torch.randn(5)
+    if case == "bf16":
+        x, w, b = x.bfloat16(), w.bfloat16(), b.bfloat16()
+    elif case == "empty":
+        x = x[:0]
+    elif case == "1-d":
+        x = x[0]
+    if case == "autocast":
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            ours, theirs = linear(x, w, b), F.linear(x, w, b)
+    else:
+        ours, theirs = linear(x, w, b), F.linear(x, w, b)
+    assert ours.dtype == theirs.dtype and torch.equal(ours, theirs)
+
+
+def test_linear_layer_keeps_nn_linear_parameters_and_state_dict() -> None:
+    torch.manual_seed(0)
+    layer, plain = Linear(8, 5), nn.Linear(8, 5)
+    plain.load_state_dict(layer.state_dict())
+    assert isinstance(layer, nn.Linear) and list(layer.state_dict()) == ["weight", "bias"]
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(layer(x), plain(x), rtol=1e-5, atol=1e-5)
