@@ -249,9 +249,23 @@ def load_lines(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def peak_sentence(results: dict[str, Any]) -> str:
+    """The matmul peak, and where oneDNN's was measured too, torch.mm's alone beside it."""
+    r, dtype = results["peak"], results["args"].get("dtype", "fp32")
+    if not r.get("onednn_gflops"):
+        peak = fmt(r.get("peak_gflops"), 1)
+        return f"Matmul peak ({dtype}, best square torch.mm): **{peak} GFLOP/s**."
+    mm = r["torch_mm_peak_gflops"]
+    return (
+        f"Matmul peak ({dtype}, best square product of torch.mm and of oneDNN's matmul): "
+        f"**{fmt(r['peak_gflops'], 1)} GFLOP/s** (oneDNN {fmt(max(r['onednn_gflops'].values()), 1)}"
+        f", torch.mm {fmt(mm, 1)}: the peak of the reference protocol, `peers.py`; an MFU "
+        f"against it is {r['peak_gflops'] / mm:.2f}× the one given here)."
+    )
+
+
 def render(results: dict[str, Any]) -> str:
     a, v = results["args"], results["versions"]
-    peak = results["peak"].get("peak_gflops")
     lines = [
         "# qkv speed benchmark",
         "",
@@ -269,8 +283,7 @@ def render(results: dict[str, Any]) -> str:
             if a.get("dtype") == "bf16"
             else ""
         )
-        + f". Matmul peak ({a.get('dtype', 'fp32')}, best square torch.mm): "
-        f"**{fmt(peak, 1)} GFLOP/s**. "
+        + f". {peak_sentence(results)} "
         "MFU = 6 × non-embedding parameters × non-pad target tokens/s / peak.",
         "",
         f"Training: {a['warmup']} warm-up + {a['steps']} timed steps of ≥{a['batch_tokens']} "

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 TINY = [
@@ -88,7 +89,11 @@ def test_qkv_side_and_installed_peers_report_every_field(bench: object, tmp_path
     installed = [p for p in PEERS if available(p)]
     assert results["skipped_peers"] == [p for p in PEERS if p not in installed]
     assert list(results["systems"]) == ["qkv", *installed]
-    assert results["peak"]["peak_gflops"] > 0
+    peak = results["peak"]
+    measured = [*peak["gflops"].values(), *peak["onednn_gflops"].values()]
+    assert peak["peak_gflops"] == max(measured) and peak["torch_mm_peak_gflops"] > 0
+    if torch.backends.mkldnn.is_available():
+        assert peak["onednn_gflops"] and "oneDNN" in out_md.read_text()  # type: ignore[attr-defined]
 
     qkv = results["systems"]["qkv"]
     assert qkv["train"]["params"]["non_embedding"] > 0
