@@ -14,7 +14,10 @@ from torch.profiler import ProfilerActivity, profile
 from workload import SHAPES
 
 CATEGORIES = [
-    ("gemm (mm/addmm/bmm)", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")),
+    (
+        "gemm (mm/addmm/bmm, oneDNN linear)",
+        ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "mkldnn::_linear_pointwise"),
+    ),
     ("attention kernels (SDPA)", ("scaled_dot_product", "flash_attention")),
     (
         "dropout masks (RNG)",

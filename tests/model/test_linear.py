@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qkv.model.linear import Linear, linear
+from qkv.model.linear import Linear, _padded, linear
 
 
 def grads(fn, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, seed: int = 1):
@@ -71,3 +71,24 @@ def test_linear_layer_keeps_nn_linear_parameters_and_state_dict() -> None:
     assert isinstance(layer, nn.Linear) and list(layer.state_dict()) == ["weight", "bias"]
     x = torch.randn(3, 8)
     torch.testing.assert_close(layer(x), plain(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("count", [1, 7, 8, 100, 1000, 1023, 1024, 2049, 5000])
+def test_padded_rows_round_up_to_few_shapes_with_zeros_below(count: int) -> None:
+    rows = torch.randn(count, 3)
+    padded = _padded(rows)
+    assert torch.equal(padded[:count], rows) and not padded[count:].any()
+    assert len(padded) % 8 == 0 and count <= len(padded) <= max(count * 9 // 8 + 1, 8)
+    shapes = {len(_padded(torch.empty(n, 1))) for n in range(1025, 2049)}
+    assert len(shapes) == 8  # one doubling of row counts: 8 shapes
+
+
+def test_rows_past_the_padding_never_reach_the_output() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 16, requires_grad=True)  # 10 rows, padded to 16
+    w = torch.randn(12, 16, requires_grad=True)
+    out = linear(x, w)
+    assert out.shape == (2, 5, 12) and out.is_contiguous()
+    out.backward(torch.ones_like(out))
+    assert x.grad is not None and x.grad.shape == x.shape
+    torch.testing.assert_close(x.grad, torch.ones(2, 5, 12) @ w.detach(), rtol=1e-4, atol=1e-4)
