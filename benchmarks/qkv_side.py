@@ -117,8 +117,9 @@ class QkvSystem:
         """Mean smoothed cross-entropy over the real target tokens (the trainer divides the
         summed loss by the number of targets, as here)."""
         states = self.model.hidden(src, tgt_in)  # (B, T, D)
-        logits, kept = nonpad_logits(self.model.output, states, labels, PAD)  # (M, V), (M,)
-        return smoothed_cross_entropy(logits, kept, LABEL_SMOOTHING) / max(kept.numel(), 1)
+        logits, kept = nonpad_logits(self.model.output, states, labels, PAD)  # (M', V), (M',)
+        loss = smoothed_cross_entropy(logits, kept, LABEL_SMOOTHING, ignore_index=PAD)
+        return loss / max(int((labels != PAD).sum()), 1)
 
     def graphed_step_function(
         self, lr: float, autocast_dtype: torch.dtype | None

@@ -1,8 +1,9 @@
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from qkv.model.attention import MultiHeadAttention, eager_attention
+from qkv.model.attention import SHORT, MultiHeadAttention, eager_attention, short_attention
 from qkv.model.masks import padding_mask
 
 
@@ -128,3 +129,28 @@ def test_eager_attention_equals_the_fused_kernel_on_cache_slices(queries: int) -
     assert torch.all(got[2] == 0) and torch.all(weights[2] == 0)
     fused = torch.nn.functional.scaled_dot_product_attention(q[:2], k[:2], v[:2], mask[:2])
     torch.testing.assert_close(got[:2], fused, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["self", "causal", "cross", "empty source", "long"])
+def test_short_attention_equals_the_fused_kernel_forward_and_backward(kind: str) -> None:
+    torch.manual_seed(0)
+    length = SHORT + 3 if kind == "long" else 7
+    keys = 5 if kind in ("cross", "empty source") else length
+    q = torch.randn(3, 2, length, 8, requires_grad=True)
+    k, v = (torch.randn(3, 2, keys, 8, requires_grad=True) for _ in range(2))
+    mask = torch.ones(3, 1, 1, keys, dtype=torch.bool)
+    mask[1, ..., 3:] = False  # padding keys
+    if kind == "causal":
+        mask = mask & torch.ones(length, length, dtype=torch.bool).tril()
+    if kind == "empty source":
+        mask[2] = False  # nothing to attend to
+    grad = torch.randn(3, 2, length, 8)
+    results = []
+    for attend in (short_attention, F.scaled_dot_product_attention):
+        out = attend(q, k, v, mask)
+        out.backward(grad)
+        results.append((out, q.grad, k.grad, v.grad))
+        q.grad = k.grad = v.grad = None
+    for ours, fused in zip(*results, strict=True):
+        assert torch.isfinite(ours).all()
+        torch.testing.assert_close(ours, fused, atol=1e-5, rtol=1e-5)

@@ -44,3 +44,13 @@ def test_edge_probabilities() -> None:
     assert torch.equal(dropout(x, 0.0), x)
     assert torch.equal(dropout(x, 1.0), torch.zeros_like(x))
     assert drop_mask(torch.Size([0]), 0.1).shape == (0,)
+
+
+def test_dropout_zeros_where_the_mask_of_the_same_draw_drops() -> None:
+    x = torch.randn(1000, 7) + 10.0  # no zeros of its own
+    torch.manual_seed(3)
+    mask = drop_mask(x.shape, 0.3)
+    torch.manual_seed(3)
+    out = dropout(x, 0.3)
+    assert torch.equal(out == 0, mask)
+    torch.testing.assert_close(out[~mask], x[~mask] * (65536 / (65536 - round(0.3 * 65536))))

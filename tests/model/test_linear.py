@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qkv.model.linear import Linear, _padded, linear
+from qkv.model.linear import Linear, _padded, linear, padded_rows
 
 
 def grads(fn, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, seed: int = 1):
@@ -21,12 +21,13 @@ def grads(fn, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, seed: in
 
 @pytest.mark.parametrize("shape", [(7, 24), (3, 5, 24), (1, 24)])
 @pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("width", [40, 10])  # the weight's gradient: wider or narrower out
 def test_linear_matches_f_linear_forward_and_backward(
-    shape: tuple[int, ...], with_bias: bool
+    shape: tuple[int, ...], with_bias: bool, width: int
 ) -> None:
     torch.manual_seed(0)
-    x, w = torch.randn(*shape), torch.randn(40, 24)
-    b = torch.randn(40) if with_bias else None
+    x, w = torch.randn(*shape), torch.randn(width, 24)
+    b = torch.randn(width) if with_bias else None
     ours, theirs = grads(linear, x, w, b), grads(F.linear, x, w, b)
     for a, e in zip(ours, theirs, strict=True):
         if e is None:
@@ -79,6 +80,7 @@ def test_padded_rows_round_up_to_few_shapes_with_zeros_below(count: int) -> None
     padded = _padded(rows)
     assert torch.equal(padded[:count], rows) and not padded[count:].any()
     assert len(padded) % 8 == 0 and count <= len(padded) <= max(count * 9 // 8 + 1, 8)
+    assert len(padded) == padded_rows(count) and padded_rows(len(padded)) == len(padded)
     shapes = {len(_padded(torch.empty(n, 1))) for n in range(1025, 2049)}
     assert len(shapes) == 8  # one doubling of row counts: 8 shapes
 

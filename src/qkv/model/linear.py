@@ -41,39 +41,58 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 class _OneDNNLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        ctx.save_for_backward(x, weight)
-        ctx.has_bias = bias is not None
-        rows = x.reshape(-1, x.size(-1))  # (M, in)
-        out = _product(_padded(rows), weight, bias)[: len(rows)]  # (M, out)
+        rows = _padded(x.reshape(-1, x.size(-1)))  # (M', in)
+        ctx.save_for_backward(rows, weight)  # the padded rows, for the weight's gradient
+        ctx.has_bias, ctx.shape = bias is not None, x.shape
+        out = _product(rows, weight, bias)[: x.numel() // x.size(-1)]  # (M, out)
         return out.view(*x.shape[:-1], weight.size(0))  # (..., out)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-        x, weight = ctx.saved_tensors
+        inputs, weight = ctx.saved_tensors  # (M', in), (out, in)
         rows = grad.reshape(-1, grad.size(-1))  # (M, out)
         padded = _padded(rows)  # (M', out)
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
-            grad_x = _product(padded, weight.t().contiguous())[: len(rows)].view(x.shape)
+            grad_x = _product(padded, weight.t())[: len(rows)].view(ctx.shape)
         if ctx.needs_input_grad[1]:
-            inputs = _padded(x.reshape(-1, x.size(-1)))  # (M', in)
-            grad_w = _product(padded.t().contiguous(), inputs.t().contiguous())  # (out, in)
+            grad_w = _weight_grad(padded, inputs)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = rows.sum(dim=0)  # (out,)
         return grad_x, grad_w, grad_b
 
 
-def _padded(rows: Tensor) -> Tensor:
-    """rows (M, k) -> (M', k), zeros below the M rows: M rounded up to one of 8 steps per
-    doubling (at most 1/8 more rows, and at least a multiple of 8).
+def _weight_grad(grad: Tensor, inputs: Tensor) -> Tensor:
+    """grad (M, out), inputs (M, in) -> gradᵀ inputs (out, in).
+
+    oneDNN reads its weight operand (n, k) in either layout at full speed, so one factor goes
+    in as a transposed view; its source operand (m, k) it reads transposed slowly when it is
+    wide, so the narrower factor is the one copied into the (·, M) layout.
+    """
+    if grad.size(1) > inputs.size(1):
+        return _product(inputs.t().contiguous(), grad.t()).t()  # (in, out) viewed as (out, in)
+    return _product(grad.t().contiguous(), inputs.t())  # (out, in)
+
+
+def padded_rows(count: int) -> int:
+    """count rounded up to one of 8 steps per doubling (at most 1/8 more, a multiple of 8).
 
     oneDNN makes a kernel and buffers for each new shape and keeps some of them: training's
     packed batches, a new row count at every step, grew the benchmark's training phase to
     3.8 GB, against 1.4 GB with `F.linear`. Rounded up, the shapes repeat (1.6 GB).
     """
-    count = len(rows)
     step = max(8, 1 << max(count.bit_length() - 4, 0))
-    target = -(-count // step) * step
+    return -(-count // step) * step
+
+
+def _padded(rows: Tensor) -> Tensor:
+    """rows (M, k) -> (M', k), zeros below the M rows, M' = `padded_rows(M)`.
+
+    A caller that hands in M' rows already (`nonpad_logits` does, for the output layer, whose
+    gradient is the widest) saves the copies.
+    """
+    count = len(rows)
+    target = padded_rows(count)
     if target == count and rows.is_contiguous():
         return rows
     padded = rows.new_empty(target, rows.size(1))  # (M', k)

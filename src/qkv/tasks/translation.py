@@ -95,7 +95,7 @@ class TranslationTask:
         pairs = self.collate(batch, device)
         states = self.model.hidden(pairs.src, pairs.tgt_in)  # (B, T, D)
         logits, labels = nonpad_logits(self.model.output, states, pairs.labels, PAD_ID)
-        return smoothed_cross_entropy(logits, labels, self.label_smoothing), {}
+        return smoothed_cross_entropy(logits, labels, self.label_smoothing, PAD_ID), {}
 
     def padded_inputs(self, batch: list[int], device: torch.device) -> dict[str, torch.Tensor]:
         pairs = collate_pairs([self.src[i] for i in batch], [self.tgt[i] for i in batch])
@@ -118,8 +118,8 @@ class TranslationTask:
             ).to(device)
             states = self.model.hidden(pairs.src, pairs.tgt_in)
             logits, labels = nonpad_logits(self.model.output, states, pairs.labels, PAD_ID)
-            total += float(smoothed_cross_entropy(logits, labels, 0.0))
-            count += labels.numel()
+            total += float(smoothed_cross_entropy(logits, labels, 0.0, PAD_ID))
+            count += int((labels != PAD_ID).sum())
         found = translate_ids(self.model, self.valid_src, DecodeOptions(), device)
         scores = score_translations(self.tokenizer.decode_batch(found), self.valid_refs)
         return {

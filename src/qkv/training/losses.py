@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from qkv.model.linear import padded_rows
 from qkv.model.seq2seq import Seq2SeqTransformer
 
 
@@ -14,7 +16,9 @@ def nonpad_logits(
     """Project only the decoder states whose label is a real token.
 
     The output projection is the largest matmul of a step; skipping padded rows saves it
-    where it would be wasted.
+    where it would be wasted. On the CPU the M real rows are rounded up to `padded_rows(M)`
+    with copies of the first state, labelled `pad_id`: oneDNN's linear layers take that many
+    rows (`qkv.model.linear`), and the gradient of the logits then needs no widened copy.
 
     Args:
         output: the output projection (D -> V).
@@ -22,10 +26,18 @@ def nonpad_logits(
         labels: next-token labels (B, T), `pad_id` where there is none.
 
     Returns:
-        logits (M, V) and labels (M,) for the M real target positions.
+        logits (M', V) and labels (M',): the M real target positions, then M' - M rows
+        labelled `pad_id` (none on a GPU), which `smoothed_cross_entropy(..., ignore_index=
+        pad_id)` leaves out.
     """
-    keep = labels != pad_id  # (B, T)
-    return output(states[keep]), labels[keep]  # (M, V), (M,)
+    keep = (labels != pad_id).flatten()  # (B * T,)
+    index = keep.nonzero().squeeze(1)  # (M,)
+    count = len(index)
+    if states.device.type == "cpu" and count > 0:
+        index = torch.cat([index, index.new_zeros(padded_rows(count) - count)])  # (M',)
+    picked = labels.flatten().index_select(0, index)  # (M',)
+    picked[count:] = pad_id
+    return output(states.flatten(0, 1).index_select(0, index)), picked  # (M', V), (M',)
 
 
 def smoothed_cross_entropy(
