@@ -61,6 +61,7 @@ def bench(monkeypatch: pytest.MonkeyPatch) -> object:
         "qkv_side",
         "report",
         "screen_ab",
+        "train_ab",
         "workload",
         "workers_phase",
     ):
@@ -292,3 +293,21 @@ def test_qkv_gpu_training_step_trains_like_the_generic_step(bench: object) -> No
     for batch in make_train_batches(4, 60, 3, shape):
         tensors = {k: torch.from_numpy(v) for k, v in batch.items()}
         assert graphed(tensors) == pytest.approx(generic(tensors), rel=1e-4)
+
+
+@pytest.mark.parametrize("change", ["linear", "attention"])
+def test_train_ab_trains_both_ways_and_puts_everything_back(
+    bench: object, capsys: pytest.CaptureFixture[str], change: str
+) -> None:
+    import train_ab
+
+    import qkv.model.attention as attention
+    import qkv.model.linear as linear
+
+    applies, short = linear._applies, attention.SHORT
+    argv = ["--shape", "tiny", "--threads", "1", "--steps", "2", "--warmup", "1"]
+    out = train_ab.main([*argv, "--batch-tokens", "200", "--change", change])
+    assert out["tokens_per_s"]["on"] > 0 and out["tokens_per_s"]["off"] > 0
+    assert abs(out["last_loss"]["on"] - out["last_loss"]["off"]) < 1e-3
+    assert train_ab.CHANGES[change] in capsys.readouterr().out
+    assert linear._applies is applies and short == attention.SHORT

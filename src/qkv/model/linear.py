@@ -5,9 +5,10 @@ where MKL does not use the widest vector units (AMD's, where it takes its AVX2 c
 which torch also ships, multiplies about twice as fast: on this project's benchmark machine
 (AMD EPYC, AVX-512) 420-440 against 185-190 GFLOP/s at the shapes of a training step. Here
 each of a step's three products runs there: y = x Wᵀ + b, the input's gradient g W, and the
-weight's gradient gᵀ x, over row counts rounded up to a few shapes (`_padded`). Whole training
-steps of the benchmark model were 1.31× as fast (`benchmarks/linear_ab.py`). The numbers are
-those of `F.linear` up to float rounding (tested).
+weight's gradient gᵀ x (`_weight_grad`), over row counts rounded up to a few shapes
+(`_padded`). Whole training steps of the benchmark model were 1.47-1.51× as fast as with
+`F.linear` (`benchmarks/train_ab.py --change linear`). The numbers are those of `F.linear` up
+to float rounding (tested).
 
 Where it does not apply (a GPU, another dtype, autocast, a torch built without oneDNN, an
 empty batch), `linear` is `F.linear`.

@@ -1,0 +1,125 @@
+"""qkv's training step with and without one of its CPU speed-ups, interleaved.
+
+Two copies of the benchmark model with the same initial weights take turns, step by step, on
+the same Multi30k-shaped batches (who goes first alternates) and the same dropout masks, each
+with its own optimiser; everything else is qkv's training step (`QkvSystem.loss`, fused
+AdamW, `tune_allocator`).
+The "off" way undoes one change (`--change`):
+
+- `linear`: every linear layer is `F.linear` (MKL) instead of oneDNN's products
+  (`qkv.model.linear`);
+- `attention`: attention over packed batches always takes the fused kernel,
+  `F.scaled_dot_product_attention`, instead of two matmuls and a softmax for short
+  sentences (`qkv.model.attention.short_attention`).
+
+Prints the target tokens per second of each way, their ratio, the median ratio of paired
+steps, and each way's last loss (equal up to float rounding).
+
+    python benchmarks/train_ab.py --change linear [--threads 2] [--steps 20] [--shape base]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from phases import build, n_targets, train_batches
+from workload import SHAPES
+
+import qkv.model.attention as qkv_attention
+import qkv.model.linear as qkv_linear
+from qkv.training.speed import tune_allocator
+
+CHANGES = {
+    "linear": "oneDNN linear layers (off: F.linear)",
+    "attention": "unfused attention for short sentences (off: the fused kernel)",
+}
+
+
+@contextmanager
+def _linear_off() -> Iterator[None]:
+    applies = qkv_linear._applies
+    qkv_linear._applies = _never  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        qkv_linear._applies = applies  # type: ignore[assignment]
+
+
+@contextmanager
+def _attention_off() -> Iterator[None]:
+    short = qkv_attention.SHORT
+    qkv_attention.SHORT = -1  # every sentence counts as long: the fused kernel
+    try:
+        yield
+    finally:
+        qkv_attention.SHORT = short
+
+
+_OFF: dict[str, Callable[[], Any]] = {"linear": _linear_off, "attention": _attention_off}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Print the comparison; return target tokens per second of each way and the losses."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--change", choices=sorted(CHANGES), required=True)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--shape", choices=["base", "tiny"], default="base")
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--batch-tokens", type=int, default=2000)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    args = parser.parse_args(argv)
+    args.device, args.dtype = "cpu", "fp32"
+    torch.set_num_threads(args.threads)
+    tune_allocator()
+    shape = SHAPES[args.shape]
+    torch.manual_seed(args.seed)
+    systems = {"on": build("qkv", shape), "off": build("qkv", shape)}
+    systems["off"].model.load_state_dict(systems["on"].model.state_dict())
+    optimizers = {name: system.optimizer(args.lr) for name, system in systems.items()}
+    seconds: dict[str, list[float]] = {name: [] for name in systems}
+    losses: dict[str, float] = {}
+    batches = train_batches(args, shape)
+    for i, batch in enumerate(batches):
+        for name in sorted(systems, reverse=i % 2 == 1):
+            system, optimizer = systems[name], optimizers[name]
+            system.model.train()
+            torch.manual_seed(args.seed + i)  # the same dropout masks for both ways
+            with _OFF[args.change]() if name == "off" else _nothing():
+                start = time.perf_counter()
+                optimizer.zero_grad(set_to_none=True)
+                loss = system.loss(batch["src"], batch["tgt_in"], batch["labels"])
+                loss.backward()
+                optimizer.step()
+                seconds[name].append(time.perf_counter() - start)
+            losses[name] = float(loss.detach())
+    tokens = n_targets(batches[args.warmup :])
+    timed = {name: s[args.warmup :] for name, s in seconds.items()}
+    rate = {name: tokens / sum(s) for name, s in timed.items()}
+    pairs = statistics.median(a / b for a, b in zip(timed["off"], timed["on"], strict=True))
+    print(
+        f"{CHANGES[args.change]}: on {rate['on']:,.0f} tok/s, off {rate['off']:,.0f} tok/s: "
+        f"on / off {rate['on'] / rate['off']:.3f} (median pair {pairs:.3f}); "
+        f"last loss {losses['on']:.4f} and {losses['off']:.4f}"
+    )
+    return {"tokens_per_s": rate, "median_pair_ratio": pairs, "last_loss": losses}
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+def _never(*_: object) -> bool:
+    return False
+
+
+if __name__ == "__main__":
+    main()
