@@ -3,14 +3,15 @@
 Two copies of the benchmark model with the same initial weights take turns, step by step, on
 the same Multi30k-shaped batches (who goes first alternates) and the same dropout masks, each
 with its own optimiser; everything else is qkv's training step (`QkvSystem.loss`, fused
-AdamW, `tune_allocator`).
-The "off" way undoes one change (`--change`):
+AdamW, `tune_allocator`). The "off" way undoes one change (`--change`):
 
 - `linear`: every linear layer is `F.linear` (MKL) instead of oneDNN's products
   (`qkv.model.linear`);
 - `attention`: attention over packed batches always takes the fused kernel,
   `F.scaled_dot_product_attention`, instead of two matmuls and a softmax for short
-  sentences (`qkv.model.attention.short_attention`).
+  sentences (`qkv.model.attention.short_attention`);
+- `optimizer`: AdamW's `foreach` path instead of its fused kernel
+  (`qkv.training.optimizer.adamw`).
 
 Prints the target tokens per second of each way, their ratio, the median ratio of paired
 steps, and each way's last loss (equal up to float rounding).
@@ -38,6 +39,7 @@ from qkv.training.speed import tune_allocator
 CHANGES = {
     "linear": "oneDNN linear layers (off: F.linear)",
     "attention": "unfused attention for short sentences (off: the fused kernel)",
+    "optimizer": "AdamW's fused kernel (off: its foreach path)",
 }
 
 
@@ -61,7 +63,16 @@ def _attention_off() -> Iterator[None]:
         qkv_attention.SHORT = short
 
 
-_OFF: dict[str, Callable[[], Any]] = {"linear": _linear_off, "attention": _attention_off}
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+_OFF: dict[str, Callable[[], Any]] = {
+    "linear": _linear_off,
+    "attention": _attention_off,
+    "optimizer": _nothing,  # the off way differs in its optimiser alone
+}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -84,6 +95,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     systems = {"on": build("qkv", shape), "off": build("qkv", shape)}
     systems["off"].model.load_state_dict(systems["on"].model.state_dict())
     optimizers = {name: system.optimizer(args.lr) for name, system in systems.items()}
+    if args.change == "optimizer":
+        assert optimizers["on"].param_groups[0]["fused"]
+        optimizers["off"] = torch.optim.AdamW(
+            systems["off"].model.parameters(), lr=args.lr, betas=(0.9, 0.98), eps=1e-9, foreach=True
+        )
     seconds: dict[str, list[float]] = {name: [] for name in systems}
     losses: dict[str, float] = {}
     batches = train_batches(args, shape)
@@ -110,11 +126,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"last loss {losses['on']:.4f} and {losses['off']:.4f}"
     )
     return {"tokens_per_s": rate, "median_pair_ratio": pairs, "last_loss": losses}
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
 
 
 def _never(*_: object) -> bool:

@@ -53,7 +53,6 @@ def bench(monkeypatch: pytest.MonkeyPatch) -> object:
         "decode_phase",
         "gemm_cache",
         "frozen_ab",
-        "optimizer_ab",
         "peers",
         "phases",
         "profile_decode",
@@ -196,16 +195,6 @@ def test_gemm_cache_times_the_three_ways(bench: object, capsys: pytest.CaptureFi
     assert "in sequence" in capsys.readouterr().out
 
 
-def test_optimizer_ab_trains_with_both_kernels(
-    bench: object, capsys: pytest.CaptureFixture[str]
-) -> None:
-    import optimizer_ab
-
-    rate = optimizer_ab.main(["--shape", "tiny", "--threads", "1", "--warmup", "1", "--steps", "2"])
-    assert sorted(rate) == ["foreach", "fused"] and min(rate.values()) > 0
-    assert "fused / foreach" in capsys.readouterr().out
-
-
 @pytest.mark.parametrize("change", ["decoder", "encoder", "kept", "query"])
 def test_frozen_ab_decodes_both_ways_and_puts_everything_back(
     bench: object, capsys: pytest.CaptureFixture[str], change: str
@@ -295,7 +284,7 @@ def test_qkv_gpu_training_step_trains_like_the_generic_step(bench: object) -> No
         assert graphed(tensors) == pytest.approx(generic(tensors), rel=1e-4)
 
 
-@pytest.mark.parametrize("change", ["linear", "attention"])
+@pytest.mark.parametrize("change", ["linear", "attention", "optimizer"])
 def test_train_ab_trains_both_ways_and_puts_everything_back(
     bench: object, capsys: pytest.CaptureFixture[str], change: str
 ) -> None:
