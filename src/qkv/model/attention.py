@@ -262,7 +262,8 @@ def short_attention(
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
     scores = torch.matmul(q, k.transpose(-1, -2)).mul_(1.0 / math.sqrt(q.size(-1)))  # (B, H, T, S)
     if mask is not None:
-        scores = scores.add_(torch.zeros(mask.shape, dtype=q.dtype).masked_fill_(~mask, _MASKED))
+        masked = torch.zeros(mask.shape, dtype=q.dtype, device=q.device)  # (B, ·, T, S)
+        scores = scores.add_(masked.masked_fill_(~mask, _MASKED))
     weights = torch.softmax(scores, dim=-1)  # (B, H, T, S)
     if mask is not None:
         has_keys = mask.any(dim=-1, keepdim=True)  # (B, ·, T, 1)
