@@ -1,7 +1,8 @@
 """Multi-head scaled dot-product attention: softmax(Q K^T / sqrt(K)) V, in H heads.
 
-Two paths, one module: the fused `F.scaled_dot_product_attention` for training and scoring,
-and an eager path of two batched matmuls that also returns the per-head softmax weights (for
+Two paths, one module: `short_attention` for training and scoring (the fused
+`F.scaled_dot_product_attention`, or on a CPU for short sentences its unfused equal), and an
+eager path of two batched matmuls that also returns the per-head softmax weights (for
 pictures and tests) and serves incremental decoding, where a few queries per row attend to a
 cache. Both compute the same numbers (tested). Projections are packed: one (D -> 3D)
 matmul for self-attention, one (D -> 2D) for the keys and values of cross-attention, both
@@ -92,7 +93,7 @@ class MultiHeadAttention(nn.Module):
             context, all_weights = eager_attention(q, k, v, mask, dropout_p)  # (B, H, T, K)
             weights = all_weights if need_weights else None
         else:
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+            context = short_attention(q, k, v, mask, dropout_p)  # (B, H, T, K)
         batch, _, length, _ = context.shape
         merged = context.transpose(1, 2).reshape(batch, length, self.d_model)  # (B, T, D)
         return self.out_proj(merged), weights
