@@ -138,15 +138,7 @@ def best_gflops(m: int, k: int, n: int, repeats: int, args: Any = None) -> float
         torch.randn(k, n, **options),
         torch.empty(m, n, **options),
     )
-    torch.mm(a, b, out=c)
-    sync(args)
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        torch.mm(a, b, out=c)
-        sync(args)
-        best = min(best, time.perf_counter() - start)
-    return 2 * m * k * n / best / 1e9
+    return 2 * m * k * n / _best_seconds(lambda: torch.mm(a, b, out=c), repeats, args) / 1e9
 
 
 def onednn_applies(args: Any) -> bool:
@@ -165,13 +157,24 @@ def best_onednn_gflops(m: int, k: int, n: int, repeats: int, args: Any = None) -
     dtype = matmul_dtype(args)
     a, b = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype)
     blocked = torch.ops.mkldnn._reorder_linear_weight(b, m)
-    torch.ops.mkldnn._linear_pointwise(a, blocked, None, "none", [], "")
+
+    def product() -> object:
+        return torch.ops.mkldnn._linear_pointwise(a, blocked, None, "none", [], "")
+
+    return 2 * m * k * n / _best_seconds(product, repeats, args) / 1e9
+
+
+def _best_seconds(fn: Callable[[], object], repeats: int, args: Any) -> float:
+    """The fastest of `repeats` calls of `fn`, after one untimed call, waiting for the device."""
+    fn()
+    sync(args)
     best = math.inf
     for _ in range(repeats):
         start = time.perf_counter()
-        torch.ops.mkldnn._linear_pointwise(a, blocked, None, "none", [], "")
+        fn()
+        sync(args)
         best = min(best, time.perf_counter() - start)
-    return 2 * m * k * n / best / 1e9
+    return best
 
 
 def best_ms(fn: Callable[[], object], passes: int = 7, calls: int = 20, warmups: int = 3) -> float:

@@ -7,7 +7,7 @@ AdamW, `tune_allocator`). The "off" way undoes one change (`--change`):
 
 - `linear`: every linear layer is `F.linear` (MKL) instead of oneDNN's products
   (`qkv.model.linear`);
-- `attention`: attention over packed batches always takes the fused kernel,
+- `attention`: attention in training always takes the fused kernel,
   `F.scaled_dot_product_attention`, instead of two matmuls and a softmax for short
   sentences (`qkv.model.attention.short_attention`);
 - `optimizer`: AdamW's `foreach` path instead of its fused kernel
@@ -25,7 +25,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -63,15 +63,10 @@ def _attention_off() -> Iterator[None]:
         qkv_attention.SHORT = short
 
 
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
-
-
 _OFF: dict[str, Callable[[], Any]] = {
     "linear": _linear_off,
     "attention": _attention_off,
-    "optimizer": _nothing,  # the off way differs in its optimiser alone
+    "optimizer": nullcontext,  # the off way differs in its optimiser alone
 }
 
 
@@ -96,9 +91,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     systems["off"].model.load_state_dict(systems["on"].model.state_dict())
     optimizers = {name: system.optimizer(args.lr) for name, system in systems.items()}
     if args.change == "optimizer":
-        assert optimizers["on"].param_groups[0]["fused"]
+        settings = optimizers["on"].defaults  # the trainer's
+        assert settings["fused"]
+        same = {key: settings[key] for key in ("lr", "betas", "eps", "weight_decay")}
         optimizers["off"] = torch.optim.AdamW(
-            systems["off"].model.parameters(), lr=args.lr, betas=(0.9, 0.98), eps=1e-9, foreach=True
+            systems["off"].model.parameters(), **same, foreach=True
         )
     seconds: dict[str, list[float]] = {name: [] for name in systems}
     losses: dict[str, float] = {}
@@ -108,7 +105,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             system, optimizer = systems[name], optimizers[name]
             system.model.train()
             torch.manual_seed(args.seed + i)  # the same dropout masks for both ways
-            with _OFF[args.change]() if name == "off" else _nothing():
+            with _OFF[args.change]() if name == "off" else nullcontext():
                 start = time.perf_counter()
                 optimizer.zero_grad(set_to_none=True)
                 loss = system.loss(batch["src"], batch["tgt_in"], batch["labels"])
