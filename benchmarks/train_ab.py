@@ -11,7 +11,10 @@ AdamW, `tune_allocator`). The "off" way undoes one change (`--change`):
   `F.scaled_dot_product_attention`, instead of two matmuls and a softmax for short
   sentences (`qkv.model.attention.short_attention`);
 - `optimizer`: AdamW's `foreach` path instead of its fused kernel
-  (`qkv.training.optimizer.adamw`).
+  (`qkv.training.optimizer.adamw`);
+- `packed`: packed rows at exactly the real-token count, and attention through autograd's
+  unpacking around `short_attention`, instead of rows rounded up to the linear layers' counts
+  (`qkv.model.packing`) and attention from rows to rows (`qkv.model.packed_attention`).
 
 Prints the target tokens per second of each way, their ratio, the median ratio of paired
 steps, and each way's last loss (equal up to float rounding).
@@ -34,12 +37,15 @@ from workload import SHAPES
 
 import qkv.model.attention as qkv_attention
 import qkv.model.linear as qkv_linear
+import qkv.model.packed_attention as qkv_packed_attention
+import qkv.model.packing as qkv_packing
 from qkv.training.speed import tune_allocator
 
 CHANGES = {
     "linear": "oneDNN linear layers (off: F.linear)",
     "attention": "unfused attention for short sentences (off: the fused kernel)",
     "optimizer": "AdamW's fused kernel (off: its foreach path)",
+    "packed": "rounded packed rows, attention from rows to rows (off: exact rows, autograd's)",
 }
 
 
@@ -50,23 +56,36 @@ def _linear_off() -> Iterator[None]:
     try:
         yield
     finally:
-        qkv_linear._applies = applies  # type: ignore[assignment]
+        qkv_linear._applies = applies
 
 
 @contextmanager
 def _attention_off() -> Iterator[None]:
     short = qkv_attention.SHORT
-    qkv_attention.SHORT = -1  # every sentence counts as long: the fused kernel
+    qkv_attention.SHORT = qkv_packed_attention.SHORT = -1  # all long: the fused kernel
     try:
         yield
     finally:
-        qkv_attention.SHORT = short
+        qkv_attention.SHORT = qkv_packed_attention.SHORT = short
+
+
+@contextmanager
+def _packed_off() -> Iterator[None]:
+    rounded, applies = qkv_packing.padded_rows, qkv_attention.packed_attention_applies
+    qkv_packing.padded_rows = _exact
+    qkv_attention.packed_attention_applies = _never  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        qkv_packing.padded_rows = rounded
+        qkv_attention.packed_attention_applies = applies
 
 
 _OFF: dict[str, Callable[[], Any]] = {
     "linear": _linear_off,
     "attention": _attention_off,
     "optimizer": nullcontext,  # the off way differs in its optimiser alone
+    "packed": _packed_off,
 }
 
 
@@ -127,6 +146,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 def _never(*_: object) -> bool:
     return False
+
+
+def _exact(count: int) -> int:
+    return count
 
 
 if __name__ == "__main__":

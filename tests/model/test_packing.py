@@ -34,3 +34,16 @@ def test_packed_attention_equals_padded_attention_on_real_tokens() -> None:
     expected, _ = attn(x, memory, memory, cross_mask)
     got = attn.forward_packed(packed_x, src_rows.pack(memory), cross_mask, tgt_rows, src_rows)
     torch.testing.assert_close(got, expected[tgt != 0], atol=1e-5, rtol=1e-5)
+
+
+def test_rounded_rows_add_filler_rows_that_unpack_leaves_out() -> None:
+    ids = torch.tensor([[5, 6, 7, 8], [8, 9, 0, 0], [5, 0, 0, 0]])
+    rows = Packing.from_mask(ids != 0, round_rows=True)
+    assert rows.count == 7 and len(rows.index) == 8  # rounded up to a multiple of 8
+    assert rows.index[7] == rows.index[0]  # a copy of the first real token
+    x = torch.randn(3, 4, 2)
+    packed = rows.pack(x)  # (8, 2)
+    packed[7] = 1e6  # whatever a filler row holds, no real position sees it
+    back = rows.unpack(packed)
+    torch.testing.assert_close(back[ids != 0], x[ids != 0])
+    assert torch.all(back[ids == 0] == 0)

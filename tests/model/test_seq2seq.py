@@ -157,3 +157,19 @@ def test_encoder_and_decoder_refuse_float_masks(model: Seq2SeqTransformer) -> No
     for masks in ((self_mask.float(), src_mask), (self_mask, src_mask.float())):
         with pytest.raises(TypeError, match="must be boolean"):
             model.decoder(tgt, memory, *masks)
+
+
+def test_packed_and_padded_layouts_give_the_same_gradients(model: Seq2SeqTransformer) -> None:
+    src, tgt = random_ids(3, 7), random_ids(3, 6)
+    src[1, 4:], tgt[0, 3:], tgt[2, 5:] = 0, 0, 0  # 13 target rows: 3 filler rows on a CPU
+    weights = torch.randn(3, 6, model.config.d_model) * (tgt != 0)[..., None]
+
+    def gradients(packed: bool) -> dict[str, torch.Tensor]:
+        model.zero_grad()
+        (model.hidden(src, tgt, packed=packed) * weights).sum().backward()
+        return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    packed, padded = gradients(True), gradients(False)
+    assert packed.keys() == padded.keys()
+    for name, grad in packed.items():
+        torch.testing.assert_close(grad, padded[name], atol=1e-5, rtol=1e-4, msg=name)

@@ -22,6 +22,12 @@ from qkv.model.frozen_linear import FrozenLinear
 from qkv.model.kv_cache import SelfAttentionCache
 from qkv.model.linear import Linear, linear
 from qkv.model.masks import check_mask
+from qkv.model.packed_attention import (
+    MASKED,
+    SHORT,
+    packed_attention,
+    packed_attention_applies,
+)
 from qkv.model.packing import Packing
 
 
@@ -144,19 +150,32 @@ class MultiHeadAttention(nn.Module):
         query_rows: Packing,
         memory_rows: Packing,
     ) -> Tensor:
-        """Fused attention in which only real tokens go through the projections.
+        """Attention in which only real tokens go through the projections.
 
         Equal, on the real query tokens, to `forward` on the padded batches; see `packing.py`.
+        On a CPU, for short sentences, `packed_attention` goes from rows to rows with its
+        backward written out; elsewhere the rows are unpacked for `short_attention`.
 
         Args:
-            query: (M, D) the real tokens of a (B, T) batch, placed by `query_rows`.
-            memory: (M', D) the real tokens of a (B, S) batch, placed by `memory_rows`;
-                `query` itself for self-attention.
+            query: (M, D) the rows of a (B, T) batch, placed by `query_rows`.
+            memory: (M', D) the rows of a (B, S) batch, placed by `memory_rows`; `query`
+                itself for self-attention.
             mask: bool, True = may attend, broadcastable to (B, H, T, S), or None.
 
         Returns:
-            (M, D) the output of each real query token.
+            (M, D) the output of each query row.
         """
+        dropout_p = self.dropout if self.training else 0.0
+        longest = max(query_rows.length, memory_rows.length)
+        if packed_attention_applies(query, dropout_p, longest):
+            if memory is query:
+                queries, keys_values = self.in_proj(query), None  # (M, 3D)
+            else:  # (M, D), (M', 2D)
+                queries, keys_values = self._project(query, 0, 1), self._project(memory, 1, 3)
+            context = packed_attention(
+                queries, keys_values, mask, query_rows, memory_rows, self.n_heads
+            )  # (M, D)
+            return self.out_proj(context)  # (M, D)
         if memory is query:
             qkv = query_rows.unpack(self.in_proj(query))  # (B, T, 3D)
             q, k, v = (self._split_heads(x) for x in qkv.chunk(3, dim=-1))  # (B, H, T, K) each
@@ -164,7 +183,6 @@ class MultiHeadAttention(nn.Module):
             q = self._split_heads(query_rows.unpack(self._project(query, 0, 1)))  # (B, H, T, K)
             kv = memory_rows.unpack(self._project(memory, 1, 3))  # (B, S, 2D)
             k, v = (self._split_heads(x) for x in kv.chunk(2, dim=-1))  # (B, H, S, K) each
-        dropout_p = self.dropout if self.training else 0.0
         context = short_attention(q, k, v, mask, dropout_p)  # (B, H, T, K)
         merged = context.transpose(1, 2).flatten(2)  # (B, T, D)
         return self.out_proj(query_rows.pack(merged))  # (M, D)
@@ -228,11 +246,6 @@ def eager_attention(
     return context.view(batch, heads, length, head_dim), weights
 
 
-# Up to this many queries and keys, the unfused product is the faster one on a CPU.
-SHORT = 128
-_MASKED = -1e9  # added to the scores of masked keys: exp() of it is 0 beside any real score
-
-
 def short_attention(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float = 0.0
 ) -> Tensor:
@@ -264,7 +277,7 @@ def short_attention(
     scores = torch.matmul(q, k.transpose(-1, -2)).mul_(1.0 / math.sqrt(q.size(-1)))  # (B, H, T, S)
     if mask is not None:
         masked = torch.zeros(mask.shape, dtype=q.dtype, device=q.device)  # (B, ·, T, S)
-        scores = scores.add_(masked.masked_fill_(~mask, _MASKED))
+        scores = scores.add_(masked.masked_fill_(~mask, MASKED))
     weights = torch.softmax(scores, dim=-1)  # (B, H, T, S)
     if mask is not None:
         has_keys = mask.any(dim=-1, keepdim=True)  # (B, ·, T, 1)

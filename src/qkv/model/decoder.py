@@ -76,9 +76,10 @@ class Decoder(nn.Module):
     ) -> Tensor:
         """`forward` on the real tokens only -> states (B, T, D)."""
         batch, source_length = memory.shape[:2]
-        rows = Packing.from_mask(ids != self.pad_id)
+        on_cpu = ids.device.type == "cpu"  # rows rounded for the CPU's linear layers
+        rows = Packing.from_mask(ids != self.pad_id, round_rows=on_cpu)
         source_real = cross_mask.expand(batch, 1, 1, source_length)[:, 0, 0]  # (B, S)
-        memory_rows = Packing.from_mask(source_real)
+        memory_rows = Packing.from_mask(source_real, round_rows=on_cpu)
         memory = memory_rows.pack(memory)  # (M', D)
         x = self.embeddings.forward_packed(ids, rows)  # (M, D)
         for layer in self.layers:

@@ -46,7 +46,7 @@ class Encoder(nn.Module):
         """
         check_mask(mask)
         if packed and not need_weights:
-            rows = Packing.from_mask(ids != self.pad_id)
+            rows = Packing.from_mask(ids != self.pad_id, round_rows=ids.device.type == "cpu")
             x = self.embeddings.forward_packed(ids, rows)  # (M, D)
             for layer in self.layers:
                 x, _ = layer(x, mask, rows=rows)

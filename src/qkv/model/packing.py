@@ -5,13 +5,21 @@ Every position-wise operation (projections, feed-forward network, layer norms, d
 residual additions) treats each position alone, so it can run on the M real tokens only, held
 as (M, D) rows. Attention alone needs the padded (B, L, ...) layout; `unpack` puts the rows
 back in place for it and `pack` takes them out again.
+
+On a CPU the rows are rounded up to the counts that qkv's linear layers multiply
+(`qkv.model.linear.padded_rows`): M' >= M rows, the last M' - M copies of the first real
+token. No real row ever reads them (`unpack` leaves them out), so their gradients are zero,
+and no linear layer has to copy its rows into a longer matrix, forward or backward.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
+
+from qkv.model.linear import padded_rows
 
 
 @dataclass(frozen=True)
@@ -19,32 +27,43 @@ class Packing:
     """Where the real tokens of a (B, L) batch sit.
 
     Attributes:
-        index: (M,) long, flat position b * L + l of each real token, in row-major order.
+        index: (M',) long, flat position b * L + l of each row, in row-major order: the M real
+            tokens, then M' - M repeats of the first (filler rows).
         batch: B.
         length: L.
+        count: M, the real tokens.
     """
 
     index: Tensor
     batch: int
     length: int
+    count: int
 
     @classmethod
-    def from_mask(cls, real: Tensor) -> Packing:
-        """real (B, L) bool, True at real tokens."""
+    def from_mask(cls, real: Tensor, round_rows: bool = False) -> Packing:
+        """real (B, L) bool, True at real tokens; `round_rows` adds filler rows up to
+        `padded_rows(M)`."""
         batch, length = real.shape
-        return cls(real.reshape(-1).nonzero().squeeze(1), batch, length)  # (M,)
+        index = real.reshape(-1).nonzero().squeeze(1)  # (M,)
+        count = len(index)
+        if round_rows and count > 0:
+            filler = index[:1].expand(padded_rows(count) - count)  # (M' - M,)
+            index = torch.cat([index, filler])  # (M',)
+        return cls(index, batch, length, count)
 
     @property
     def positions(self) -> Tensor:
-        """(M,) position l of each real token in its sentence."""
+        """(M',) position l of each row in its sentence."""
         return self.index % self.length
 
     def pack(self, x: Tensor) -> Tensor:
-        """x (B, L, ...) -> the real tokens (M, ...)."""
-        return x.flatten(0, 1).index_select(0, self.index)  # (M, ...)
+        """x (B, L, ...) -> the rows (M', ...)."""
+        return x.flatten(0, 1).index_select(0, self.index)  # (M', ...)
 
     def unpack(self, rows: Tensor) -> Tensor:
-        """rows (M, ...) -> (B, L, ...), zeros at the padding."""
+        """rows (M', ...) -> (B, L, ...), zeros at the padding; filler rows are left out."""
         tail = rows.shape[1:]
         padded = rows.new_zeros(self.batch * self.length, *tail)  # (B * L, ...)
-        return padded.index_copy_(0, self.index, rows).view(self.batch, self.length, *tail)
+        real = self.index[: self.count]  # (M,)
+        padded.index_copy_(0, real, rows[: self.count])
+        return padded.view(self.batch, self.length, *tail)  # (B, L, ...)
