@@ -20,6 +20,7 @@ Prints the target tokens per second of each way, their ratio, the median ratio o
 steps, and each way's last loss (equal up to float rounding).
 
     python benchmarks/train_ab.py --change linear [--threads 2] [--steps 20] [--shape base]
+        [--bucketed]
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Any
 
 import torch
 from phases import build, n_targets, train_batches
+from qkv_side import bucketed_batches
 from workload import SHAPES
 
 import qkv.model.attention as qkv_attention
@@ -100,6 +102,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch-tokens", type=int, default=2000)
     parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument(
+        "--bucketed", action="store_true", help="qkv's own bucketed batches of the same sentences"
+    )
     args = parser.parse_args(argv)
     args.device, args.dtype = "cpu", "fp32"
     torch.set_num_threads(args.threads)
@@ -119,6 +124,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     seconds: dict[str, list[float]] = {name: [] for name in systems}
     losses: dict[str, float] = {}
     batches = train_batches(args, shape)
+    if args.bucketed:
+        batches = [
+            {"src": b.src, "tgt_in": b.tgt_in, "labels": b.labels}
+            for b in bucketed_batches(
+                [{k: v.numpy() for k, v in b.items()} for b in batches], args.seed
+            )
+        ]
     for i, batch in enumerate(batches):
         for name in sorted(systems, reverse=i % 2 == 1):
             system, optimizer = systems[name], optimizers[name]

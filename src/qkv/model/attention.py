@@ -1,7 +1,8 @@
 """Multi-head scaled dot-product attention: softmax(Q K^T / sqrt(K)) V, in H heads.
 
 Two paths, one module: `short_attention` for training and scoring (the fused
-`F.scaled_dot_product_attention`, or on a CPU for short sentences its unfused equal), and an
+`F.scaled_dot_product_attention`, or on a CPU for short sentences its unfused equal, which
+`packed_attention` computes from and to packed rows with its own backward), and an
 eager path of two batched matmuls that also returns the per-head softmax weights (for
 pictures and tests) and serves incremental decoding, where a few queries per row attend to a
 cache. Both compute the same numbers (tested). Projections are packed: one (D -> 3D)
