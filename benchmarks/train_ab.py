@@ -63,12 +63,12 @@ def _linear_off() -> Iterator[None]:
 
 @contextmanager
 def _attention_off() -> Iterator[None]:
-    short = qkv_attention.SHORT
-    qkv_attention.SHORT = qkv_packed_attention.SHORT = -1  # all long: the fused kernel
+    short = qkv_packed_attention.SHORT
+    qkv_packed_attention.SHORT = -1  # every sentence counts as long: the fused kernel
     try:
         yield
     finally:
-        qkv_attention.SHORT = qkv_packed_attention.SHORT = short
+        qkv_packed_attention.SHORT = short
 
 
 @contextmanager

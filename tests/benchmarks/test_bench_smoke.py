@@ -306,7 +306,6 @@ def test_train_ab_trains_both_ways_and_puts_everything_back(
 
     kept = (
         linear._applies,
-        attention.SHORT,
         packed_attention.SHORT,
         packing.padded_rows,
         attention.packed_attention_applies,
@@ -320,7 +319,6 @@ def test_train_ab_trains_both_ways_and_puts_everything_back(
     assert train_ab.CHANGES[change] in capsys.readouterr().out
     assert kept == (
         linear._applies,
-        attention.SHORT,
         packed_attention.SHORT,
         packing.padded_rows,
         attention.packed_attention_applies,

@@ -3,8 +3,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qkv.model.attention import SHORT, MultiHeadAttention, eager_attention, short_attention
+from qkv.model.attention import MultiHeadAttention, eager_attention, short_attention
 from qkv.model.masks import padding_mask
+from qkv.model.packed_attention import SHORT
 
 
 def test_cross_attention_shapes_from_the_tutorial() -> None:

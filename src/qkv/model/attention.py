@@ -25,9 +25,9 @@ from qkv.model.linear import Linear, linear
 from qkv.model.masks import check_mask
 from qkv.model.packed_attention import (
     MASKED,
-    SHORT,
     packed_attention,
     packed_attention_applies,
+    unfused_applies,
 )
 from qkv.model.packing import Packing
 
@@ -252,13 +252,13 @@ def short_attention(
 ) -> Tensor:
     """softmax(Q K^T / sqrt(K)) V, fused or not, whichever is faster for the shapes.
 
-    On a CPU, in float32, for sentences up to `SHORT` tokens, two `matmul`s and a softmax
-    take half the time of `F.scaled_dot_product_attention`'s fused kernel, forward and
-    backward (12.4 against 6.3 ms at 156 sentences of 23 tokens, 4 heads of 64): that kernel
-    is made for long sequences, and walks short ones one head at a time. Masked keys get
-    -1e9 added rather than -inf, and a row with every key masked gives zeros, as the fused
-    kernel's do: no NaN, forward or backward. Elsewhere, and for longer sequences, the fused
-    kernel.
+    On a CPU, in float32, for sentences up to `SHORT` tokens (`unfused_applies`), two
+    `matmul`s and a softmax take half the time of `F.scaled_dot_product_attention`'s fused
+    kernel, forward and backward (12.4 against 6.3 ms at 156 sentences of 23 tokens, 4
+    heads of 64): that kernel is made for long sequences, and walks short ones one head at a
+    time. Masked keys get -1e9 added rather than -inf, and a row with every key masked gives
+    zeros, as the fused kernel's do: no NaN, forward or backward. Elsewhere, and for longer
+    sequences, the fused kernel.
 
     Args:
         q: (B, H, T, K); k, v: (B, H, S, K); mask: bool, True = may attend, broadcastable to
@@ -267,13 +267,7 @@ def short_attention(
     Returns:
         context (B, H, T, K).
     """
-    fused = (
-        q.device.type != "cpu"
-        or q.dtype != torch.float32
-        or torch.is_autocast_enabled("cpu")
-        or max(q.size(2), k.size(2)) > SHORT
-    )
-    if fused:
+    if not unfused_applies(q, max(q.size(2), k.size(2))):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
     scores = torch.matmul(q, k.transpose(-1, -2)).mul_(1.0 / math.sqrt(q.size(-1)))  # (B, H, T, S)
     if mask is not None:

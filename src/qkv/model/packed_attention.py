@@ -29,15 +29,20 @@ SHORT = 128
 MASKED = -1e9  # added to the scores of masked keys: exp() of it is 0 beside any real score
 
 
-def packed_attention_applies(queries: Tensor, dropout_p: float, longest: int) -> bool:
-    """Whether `packed_attention` serves these rows (`longest`: max(T, S))."""
+def unfused_applies(x: Tensor, longest: int) -> bool:
+    """Whether two products and a softmax beat the fused kernel for x's attention: CPU,
+    float32, no autocast, at most `SHORT` queries and keys (`longest`: max(T, S))."""
     return (
-        queries.device.type == "cpu"
-        and queries.dtype == torch.float32
+        x.device.type == "cpu"
+        and x.dtype == torch.float32
         and not torch.is_autocast_enabled("cpu")
-        and dropout_p == 0.0
         and longest <= SHORT
     )
+
+
+def packed_attention_applies(queries: Tensor, dropout_p: float, longest: int) -> bool:
+    """Whether `packed_attention` serves these rows: `unfused_applies`, without dropout."""
+    return dropout_p == 0.0 and unfused_applies(queries, longest)
 
 
 def packed_attention(

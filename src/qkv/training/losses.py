@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from qkv.model.linear import padded_rows
+from qkv.model.packing import Packing
 from qkv.model.seq2seq import Seq2SeqTransformer
 
 
@@ -17,8 +16,9 @@ def nonpad_logits(
 
     The output projection is the largest matmul of a step; skipping padded rows saves it
     where it would be wasted. On the CPU the M real rows are rounded up to `padded_rows(M)`
-    with copies of the first state, labelled `pad_id`: oneDNN's linear layers take that many
-    rows (`qkv.model.linear`), and the gradient of the logits then needs no widened copy.
+    (`Packing`'s filler rows, copies of the first real state), labelled `pad_id`: oneDNN's
+    linear layers take that many rows (`qkv.model.linear`), and the gradient of the logits
+    then needs no widened copy.
 
     Args:
         output: the output projection (D -> V).
@@ -30,14 +30,10 @@ def nonpad_logits(
         labelled `pad_id` (none on a GPU), which `smoothed_cross_entropy(..., ignore_index=
         pad_id)` leaves out.
     """
-    keep = (labels != pad_id).flatten()  # (B * T,)
-    index = keep.nonzero().squeeze(1)  # (M,)
-    count = len(index)
-    if states.device.type == "cpu" and count > 0:
-        index = torch.cat([index, index.new_zeros(padded_rows(count) - count)])  # (M',)
-    picked = labels.flatten().index_select(0, index)  # (M',)
-    picked[count:] = pad_id
-    return output(states.flatten(0, 1).index_select(0, index)), picked  # (M', V), (M',)
+    rows = Packing.from_mask(labels != pad_id, round_rows=states.device.type == "cpu")
+    picked = rows.pack(labels)  # (M',)
+    picked[rows.count :] = pad_id
+    return output(rows.pack(states)), picked  # (M', V), (M',)
 
 
 def smoothed_cross_entropy(
