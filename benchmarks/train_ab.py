@@ -14,7 +14,9 @@ AdamW, `tune_allocator`). The "off" way undoes one change (`--change`):
   (`qkv.training.optimizer.adamw`);
 - `packed`: packed rows at exactly the real-token count, and attention through autograd's
   unpacking around `short_attention`, instead of rows rounded up to the linear layers' counts
-  (`qkv.model.packing`) and attention from rows to rows (`qkv.model.packed_attention`).
+  (`qkv.model.packing`) and attention from rows to rows (`qkv.model.packed_attention`);
+- `dropout`: dropout's multiplier made as a bool mask, then cast, instead of the comparison
+  writing floats (`qkv.model.dropout`).
 
 Prints the target tokens per second of each way, their ratio, the median ratio of paired
 steps, and each way's last loss (equal up to float rounding).
@@ -38,6 +40,7 @@ from qkv_side import bucketed_batches
 from workload import SHAPES
 
 import qkv.model.attention as qkv_attention
+import qkv.model.dropout as qkv_dropout
 import qkv.model.linear as qkv_linear
 import qkv.model.packed_attention as qkv_packed_attention
 import qkv.model.packing as qkv_packing
@@ -48,6 +51,7 @@ CHANGES = {
     "attention": "unfused attention for short sentences (off: the fused kernel)",
     "optimizer": "AdamW's fused kernel (off: its foreach path)",
     "packed": "rounded packed rows, attention from rows to rows (off: exact rows, autograd's)",
+    "dropout": "dropout's mask compared into floats (off: a bool mask, then cast)",
 }
 
 
@@ -83,11 +87,31 @@ def _packed_off() -> Iterator[None]:
         qkv_attention.packed_attention_applies = applies
 
 
+@contextmanager
+def _dropout_off() -> Iterator[None]:
+    made = qkv_dropout.dropout
+    qkv_dropout.dropout = _dropout_through_bools
+    try:
+        yield
+    finally:
+        qkv_dropout.dropout = made
+
+
+def _dropout_through_bools(x: torch.Tensor, p: float) -> torch.Tensor:
+    """`qkv.model.dropout.dropout` with the same draws, its multiplier a bool mask cast."""
+    levels = qkv_dropout.dropped_levels(p)
+    if levels in (0, 1 << 16):
+        return x if levels == 0 else x * 0.0
+    kept = qkv_dropout._slices(x.shape, x.device) >= qkv_dropout._threshold(p)
+    return x * kept.to(x.dtype).mul_((1 << 16) / ((1 << 16) - levels))
+
+
 _OFF: dict[str, Callable[[], Any]] = {
     "linear": _linear_off,
     "attention": _attention_off,
     "optimizer": nullcontext,  # the off way differs in its optimiser alone
     "packed": _packed_off,
+    "dropout": _dropout_off,
 }
 
 

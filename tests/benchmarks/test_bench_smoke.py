@@ -292,6 +292,7 @@ def test_qkv_gpu_training_step_trains_like_the_generic_step(bench: object) -> No
         ("optimizer", []),
         ("packed", []),
         ("packed", ["--bucketed"]),
+        ("dropout", []),
     ],
 )
 def test_train_ab_trains_both_ways_and_puts_everything_back(
@@ -300,6 +301,7 @@ def test_train_ab_trains_both_ways_and_puts_everything_back(
     import train_ab
 
     import qkv.model.attention as attention
+    import qkv.model.dropout as dropout
     import qkv.model.linear as linear
     import qkv.model.packed_attention as packed_attention
     import qkv.model.packing as packing
@@ -309,6 +311,7 @@ def test_train_ab_trains_both_ways_and_puts_everything_back(
         packed_attention.SHORT,
         packing.padded_rows,
         attention.packed_attention_applies,
+        dropout.dropout,
     )
     argv = ["--shape", "tiny", "--threads", "1", "--steps", "2", "--warmup", "1", *extra]
     out = train_ab.main([*argv, "--batch-tokens", "200", "--change", change])
@@ -322,4 +325,5 @@ def test_train_ab_trains_both_ways_and_puts_everything_back(
         packed_attention.SHORT,
         packing.padded_rows,
         attention.packed_attention_applies,
+        dropout.dropout,
     )
