@@ -15,6 +15,8 @@ AdamW, `tune_allocator`). The "off" way undoes one change (`--change`):
 - `packed`: packed rows at exactly the real-token count, and attention through autograd's
   unpacking around `short_attention`, instead of rows rounded up to the linear layers' counts
   (`qkv.model.packing`) and attention from rows to rows (`qkv.model.packed_attention`);
+- `grouped`: attention over one grid padded to the batch's longest sentence instead of
+  sentences sorted by length into groups, each padded to its own longest (`qkv.model.grid`);
 - `dropout`: dropout's multiplier made as a bool mask, then cast, instead of the comparison
   writing floats (`qkv.model.dropout`).
 
@@ -41,6 +43,7 @@ from workload import SHAPES
 
 import qkv.model.attention as qkv_attention
 import qkv.model.dropout as qkv_dropout
+import qkv.model.grid as qkv_grid
 import qkv.model.linear as qkv_linear
 import qkv.model.packed_attention as qkv_packed_attention
 import qkv.model.packing as qkv_packing
@@ -52,6 +55,7 @@ CHANGES = {
     "optimizer": "AdamW's fused kernel (off: its foreach path)",
     "packed": "rounded packed rows, attention from rows to rows (off: exact rows, autograd's)",
     "dropout": "dropout's mask compared into floats (off: a bool mask, then cast)",
+    "grouped": "attention grouped by sentence length (off: one group, padded to the longest)",
 }
 
 
@@ -88,6 +92,16 @@ def _packed_off() -> Iterator[None]:
 
 
 @contextmanager
+def _grouped_off() -> Iterator[None]:
+    most = qkv_grid.MAX_GROUPS
+    qkv_grid.MAX_GROUPS = 1
+    try:
+        yield
+    finally:
+        qkv_grid.MAX_GROUPS = most
+
+
+@contextmanager
 def _dropout_off() -> Iterator[None]:
     made = qkv_dropout.dropout
     qkv_dropout.dropout = _dropout_through_bools
@@ -112,6 +126,7 @@ _OFF: dict[str, Callable[[], Any]] = {
     "optimizer": nullcontext,  # the off way differs in its optimiser alone
     "packed": _packed_off,
     "dropout": _dropout_off,
+    "grouped": _grouped_off,
 }
 
 

@@ -293,6 +293,7 @@ def test_qkv_gpu_training_step_trains_like_the_generic_step(bench: object) -> No
         ("packed", []),
         ("packed", ["--bucketed"]),
         ("dropout", []),
+        ("grouped", []),
     ],
 )
 def test_train_ab_trains_both_ways_and_puts_everything_back(
@@ -302,6 +303,7 @@ def test_train_ab_trains_both_ways_and_puts_everything_back(
 
     import qkv.model.attention as attention
     import qkv.model.dropout as dropout
+    import qkv.model.grid as grid
     import qkv.model.linear as linear
     import qkv.model.packed_attention as packed_attention
     import qkv.model.packing as packing
@@ -312,6 +314,7 @@ def test_train_ab_trains_both_ways_and_puts_everything_back(
         packing.padded_rows,
         attention.packed_attention_applies,
         dropout.dropout,
+        grid.MAX_GROUPS,
     )
     argv = ["--shape", "tiny", "--threads", "1", "--steps", "2", "--warmup", "1", *extra]
     out = train_ab.main([*argv, "--batch-tokens", "200", "--change", change])
@@ -326,4 +329,5 @@ def test_train_ab_trains_both_ways_and_puts_everything_back(
         packing.padded_rows,
         attention.packed_attention_applies,
         dropout.dropout,
+        grid.MAX_GROUPS,
     )

@@ -1,12 +1,20 @@
 import pytest
 import torch
 
+import qkv.model.grid as grid
 from qkv.model.attention import short_attention
 from qkv.model.masks import decoder_self_mask, padding_mask
 from qkv.model.packed_attention import packed_attention, packed_attention_applies
 from qkv.model.packing import Packing
 
 HEADS, WIDTH = 4, 32
+
+
+@pytest.fixture(autouse=True, params=["one group", "a group per length"])
+def groups(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test both ways: the batches here are too small for a cut to pay."""
+    if request.param != "one group":
+        monkeypatch.setattr(grid, "GROUP_COST", 0)
 
 
 def reference(
@@ -99,6 +107,21 @@ def test_a_row_masked_whole_gives_zeros_as_the_fused_kernel_does() -> None:
     check_against_reference(queries, None, mask, rows, rows)
     out = packed_attention(queries, None, mask, rows, rows, HEADS)
     assert torch.all(out[5] == 0)
+
+
+def test_sentences_of_many_lengths_in_groups_equal_the_autograd_path() -> None:
+    torch.manual_seed(0)
+    src_lengths, tgt_lengths = [7, 1, 3, 0, 5, 2, 6, 4], [2, 6, 0, 3, 1, 5, 4, 6]
+    src = torch.zeros(8, 7, dtype=torch.long)
+    tgt = torch.zeros(8, 6, dtype=torch.long)
+    for b, (s, t) in enumerate(zip(src_lengths, tgt_lengths, strict=True)):
+        src[b, :s], tgt[b, :t] = torch.randint(1, 9, (s,)), torch.randint(1, 9, (t,))
+    rows, memory_rows = batch_rows(tgt), batch_rows(src)
+    self_queries = torch.randn(len(rows.index), 3 * WIDTH)
+    check_against_reference(self_queries, None, decoder_self_mask(tgt, 0), rows, rows)
+    queries = torch.randn(len(rows.index), WIDTH)
+    keys_values = torch.randn(len(memory_rows.index), 2 * WIDTH)
+    check_against_reference(queries, keys_values, padding_mask(src, 0), rows, memory_rows)
 
 
 @pytest.mark.parametrize(

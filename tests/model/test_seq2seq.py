@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+import qkv.model.grid as grid
 from qkv.model.frozen_linear import FrozenLinear, frozen_copy
 from qkv.model.masks import decoder_self_mask, padding_mask
 from qkv.model.seq2seq import Seq2SeqTransformer
@@ -159,7 +160,11 @@ def test_encoder_and_decoder_refuse_float_masks(model: Seq2SeqTransformer) -> No
             model.decoder(tgt, memory, *masks)
 
 
-def test_packed_and_padded_layouts_give_the_same_gradients(model: Seq2SeqTransformer) -> None:
+@pytest.mark.parametrize("group_cost", [grid.GROUP_COST, 0])  # 0: a group per length
+def test_packed_and_padded_layouts_give_the_same_gradients(
+    model: Seq2SeqTransformer, group_cost: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(grid, "GROUP_COST", group_cost)
     src, tgt = random_ids(3, 7), random_ids(3, 6)
     src[1, 4:], tgt[0, 3:], tgt[2, 5:] = 0, 0, 0  # 13 target rows: 3 filler rows on a CPU
     weights = torch.randn(3, 6, model.config.d_model) * (tgt != 0)[..., None]

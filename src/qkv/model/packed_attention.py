@@ -1,13 +1,15 @@
 """Attention from packed rows to packed rows, its backward written out, for short sentences.
 
 `MultiHeadAttention.forward_packed` keeps a batch as its real tokens, (M, D) rows, and
-attention alone needs the padded (B, H, L, K) layout. Through autograd, that costs a scatter
-into (B, L, 3D), a copy of each of q, k and v into head-major order, a copy of the context
-back, a gather of the rows, and the mirror of each in the backward, with a concatenation of
-the three gradients. Here the rows go into head-major order in one scatter, and come back in
-one gather and one copy, forward and backward; the scale and the mask are
-applied inside the first product (`baddbmm`); the backward is the softmax's and four batched
-products, whose results are written straight into the gradient's head-major buffer.
+attention alone needs a padded layout. Through autograd, that costs a scatter into
+(B, L, 3D), a copy of each of q, k and v into head-major order, a copy of the context back, a
+gather of the rows, and the mirror of each in the backward, with a concatenation of the three
+gradients. Here the rows go into a grid in one scatter and come back in one gather, forward
+and backward. The grid holds the sentences sorted by length in groups, each padded only to
+its own longest (`qkv.model.grid`), heads before sentences, so that each group is one batch
+of products with no permutation copied. The scale and the mask go inside the first product
+(`baddbmm`); the backward is the softmax's and four batched products, whose results are
+written straight into the gradient's grid.
 
 It serves CPU float32 sentences of up to `SHORT` tokens without attention dropout, where the
 unfused products are the faster ones (see `short_attention`); elsewhere `forward_packed`
@@ -22,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from qkv.model.grid import Layout, grouping, layout
 from qkv.model.packing import Packing
 
 # Up to this many queries and keys, the unfused product is the faster one on a CPU.
@@ -59,7 +62,9 @@ def packed_attention(
         queries: (M'_q, 3D), the packed [q; k; v] projections of self-attention when
             `keys_values` is None; else (M'_q, D), the queries alone.
         keys_values: (M'_k, 2D), the packed [k; v] projections of cross-attention, or None.
-        mask: bool, True = may attend, broadcastable to (B, H, T, S), or None.
+        mask: bool, True = may attend, broadcastable to (B, H, T, S), or None. It must leave
+            out the padding keys, as the model's masks do: a group holds no padding beyond
+            its own longest sentence.
         query_rows, memory_rows: where the rows sit in their (B, T) and (B, S) batches (the
             same for self-attention).
 
@@ -67,26 +72,45 @@ def packed_attention(
         (M'_q, D), the context of each query row before the output projection; zeros in the
         filler rows, and in rows with nothing to attend to.
     """
-    batch, length, source_length = query_rows.batch, query_rows.length, memory_rows.length
-    # Heads before sentences, as `_to_heads` lays them out.
-    bias = queries.new_zeros(heads, batch, length, source_length)  # (H, B, T, S)
-    has_keys = None
-    if mask is not None:
-        allowed = mask.expand(batch, heads, length, source_length).transpose(0, 1)  # (H, B, T, S)
-        bias.masked_fill_(~allowed, MASKED)
-        if not bool(mask.any(dim=-1).all()):  # rows with nothing to attend to
-            has_keys = allowed.any(dim=-1, keepdim=True)  # (H, B, T, 1)
-            has_keys = has_keys.reshape(heads * batch, length, 1).to(queries.dtype)  # (HB, T, 1)
+    groups = grouping(query_rows)
+    query_layout = layout(query_rows, groups)
+    key_layout = query_layout if keys_values is None else layout(memory_rows, groups)
+    masks = [
+        _group_mask(mask, sentences, heads, length, source_length, queries.dtype)
+        for sentences, length, source_length in zip(
+            query_layout.sentences, query_layout.lengths, key_layout.lengths, strict=True
+        )
+    ]
     out: Tensor = _PackedAttention.apply(
-        queries,
-        keys_values,
-        bias.view(heads * batch, length, source_length),
-        has_keys,
-        query_rows,
-        memory_rows,
-        heads,
+        queries, keys_values, masks, query_layout, key_layout, heads
     )
     return out
+
+
+def _group_mask(
+    mask: Tensor | None,
+    sentences: Tensor,
+    heads: int,
+    length: int,
+    source_length: int,
+    dtype: torch.dtype,
+) -> tuple[Tensor, Tensor | None]:
+    """One group's additive mask (H · B_g, T_g, S_g), heads before sentences, and, where
+    some query may attend to nothing, which ones may attend to something (H · B_g, T_g, 1)."""
+    batch = len(sentences)
+    bias = torch.zeros(heads, batch, length, source_length, dtype=dtype, device=sentences.device)
+    if mask is None:
+        return bias.view(heads * batch, length, source_length), None
+    picked = mask[..., :length, :source_length]
+    if picked.size(0) > 1:
+        picked = picked.index_select(0, sentences)
+    allowed = picked.expand(batch, heads, length, source_length).transpose(0, 1)  # (H, B_g, ·)
+    bias.masked_fill_(~allowed, MASKED)
+    has_keys = None
+    if not bool(picked.any(dim=-1).all()):  # rows with nothing to attend to
+        has_keys = allowed.any(dim=-1, keepdim=True)  # (H, B_g, T_g, 1)
+        has_keys = has_keys.reshape(heads * batch, length, 1).to(dtype)  # (H · B_g, T_g, 1)
+    return bias.view(heads * batch, length, source_length), has_keys
 
 
 class _PackedAttention(torch.autograd.Function):
@@ -95,50 +119,58 @@ class _PackedAttention(torch.autograd.Function):
         ctx: Any,
         queries: Tensor,
         keys_values: Tensor | None,
-        bias: Tensor,
-        has_keys: Tensor | None,
-        query_rows: Packing,
-        memory_rows: Packing,
+        masks: list[tuple[Tensor, Tensor | None]],
+        query_layout: Layout,
+        key_layout: Layout,
         heads: int,
     ) -> Tensor:
         if keys_values is None:
-            q, k, v = _to_heads(queries, query_rows, 3, heads).unbind(0)  # (HB, T, K) each
+            grids = [_to_grid(queries, query_layout, 3 * heads)]  # [q; k; v]
         else:
-            q = _to_heads(queries, query_rows, 1, heads)[0]  # (HB, T, K)
-            k, v = _to_heads(keys_values, memory_rows, 2, heads).unbind(0)  # (HB, S, K) each
-        scale = 1.0 / math.sqrt(q.size(-1))
-        scores = torch.baddbmm(bias, q, k.transpose(1, 2), alpha=scale)  # (HB, T, S)
-        weights = torch.softmax(scores, dim=-1)  # (HB, T, S)
-        if has_keys is not None:
-            weights.mul_(has_keys)  # zeros, and zero gradients, where no key may be attended
-        context = torch.bmm(weights, v)  # (HB, T, K)
-        ctx.save_for_backward(q, k, v, weights)
-        ctx.layout = (query_rows, memory_rows, heads, scale, keys_values is None)
-        return _from_heads(context[None], query_rows, heads)  # (M'_q, D)
+            grids = [
+                _to_grid(queries, query_layout, heads),
+                _to_grid(keys_values, key_layout, 2 * heads),  # [k; v]
+            ]
+        head_dim = grids[0].size(1)
+        scale = 1.0 / math.sqrt(head_dim)
+        context = queries.new_empty(heads * query_layout.total, head_dim)  # every slot written
+        weights = []
+        for g, (bias, has_keys) in enumerate(masks):
+            q, k, v = _group(grids, query_layout, key_layout, g, heads)  # (H · B_g, ·, K)
+            scores = torch.baddbmm(bias, q, k.transpose(1, 2), alpha=scale)  # (HB_g, T_g, S_g)
+            weights_g = torch.softmax(scores, dim=-1)  # (HB_g, T_g, S_g)
+            if has_keys is not None:
+                weights_g.mul_(has_keys)  # zeros, and zero gradients, where no key may be attended
+            torch.bmm(weights_g, v, out=query_layout.block(context, g, 1, heads)[0])
+            weights.append(weights_g)
+        ctx.save_for_backward(*grids, *weights)
+        ctx.layout = (query_layout, key_layout, heads, scale, len(grids))
+        ctx.rows = (len(queries), 0 if keys_values is None else len(keys_values))
+        return _from_grid(context, query_layout, len(queries), heads)  # (M'_q, D)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        q, k, v, weights = ctx.saved_tensors  # (HB, T, K), (HB, S, K) x 2, (HB, T, S)
-        query_rows, memory_rows, heads, scale, self_attention = ctx.layout
-        grad_context = _to_heads(grad, query_rows, 1, heads)[0]  # (HB, T, K)
-        if self_attention:  # one buffer for q, k and v: one gather back to rows
-            grads = q.new_empty(3, *q.shape)  # (3, HB, T, K)
-            grad_q, grad_k, grad_v = grads.unbind(0)
-        else:
-            q_grads, kv_grads = q.new_empty(1, *q.shape), k.new_empty(2, *k.shape)
-            grad_q, (grad_k, grad_v) = q_grads[0], kv_grads.unbind(0)
-        torch.bmm(weights.transpose(1, 2), grad_context, out=grad_v)  # (HB, S, K)
-        grad_weights = torch.bmm(grad_context, v.transpose(1, 2))  # (HB, T, S)
-        grad_scores = torch._softmax_backward_data(grad_weights, weights, -1, weights.dtype)
-        grad_scores.mul_(scale)  # (HB, T, S)
-        torch.bmm(grad_scores, k, out=grad_q)  # (HB, T, K)
-        torch.bmm(grad_scores.transpose(1, 2), q, out=grad_k)  # (HB, S, K)
-        if self_attention:
-            return _from_heads(grads, query_rows, heads), None, None, None, None, None, None
+        query_layout, key_layout, heads, scale, n_grids = ctx.layout
+        query_count, memory_count = ctx.rows
+        grids, weights = ctx.saved_tensors[:n_grids], ctx.saved_tensors[n_grids:]
+        grad_context = _to_grid(grad, query_layout, heads)
+        grads = [torch.empty_like(grid) for grid in grids]  # every slot written below
+        for g, weights_g in enumerate(weights):  # (H · B_g, T_g, S_g)
+            q, k, v = _group(grids, query_layout, key_layout, g, heads)
+            grad_q, grad_k, grad_v = _group(grads, query_layout, key_layout, g, heads)
+            grad_context_g = query_layout.block(grad_context, g, 1, heads)[0]  # (HB_g, T_g, K)
+            torch.bmm(weights_g.transpose(1, 2), grad_context_g, out=grad_v)  # (HB_g, S_g, K)
+            grad_weights = torch.bmm(grad_context_g, v.transpose(1, 2))  # (HB_g, T_g, S_g)
+            grad_scores = torch._softmax_backward_data(grad_weights, weights_g, -1, weights_g.dtype)
+            grad_scores.mul_(scale)  # (HB_g, T_g, S_g)
+            torch.bmm(grad_scores, k, out=grad_q)  # (HB_g, T_g, K)
+            torch.bmm(grad_scores.transpose(1, 2), q, out=grad_k)  # (HB_g, S_g, K)
+        if n_grids == 1:
+            grad_queries = _from_grid(grads[0], query_layout, query_count, 3 * heads)
+            return grad_queries, None, None, None, None, None
         return (
-            _from_heads(q_grads, query_rows, heads),
-            _from_heads(kv_grads, memory_rows, heads),
-            None,
+            _from_grid(grads[0], query_layout, query_count, heads),
+            _from_grid(grads[1], key_layout, memory_count, 2 * heads),
             None,
             None,
             None,
@@ -146,29 +178,37 @@ class _PackedAttention(torch.autograd.Function):
         )
 
 
-def _to_heads(rows: Tensor, packing: Packing, parts: int, heads: int) -> Tensor:
-    """rows (M', P * H * K) -> (P, H * B, L, K), each head's real rows in place in its (B, L)
-    grid, zeros at the padding (P: how many projections, q, k, v, side by side in a row).
+def _group(
+    grids: list[Tensor] | tuple[Tensor, ...],
+    query_layout: Layout,
+    key_layout: Layout,
+    group: int,
+    heads: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """q (H · B_g, T_g, K), k and v (H · B_g, S_g, K): views of one group's block of the
+    [q; k; v] grid, or of the q grid and the [k; v] grid."""
+    if len(grids) == 1:
+        q, k, v = query_layout.block(grids[0], group, 3, heads).unbind(0)
+        return q, k, v
+    k, v = key_layout.block(grids[1], group, 2, heads).unbind(0)
+    return query_layout.block(grids[0], group, 1, heads)[0], k, v
 
-    One scatter along the grid's positions; heads before sentences, so that no permutation
-    is copied (the products do not mind the order of their batch).
-    """
-    batch, length, count = packing.batch, packing.length, packing.count
-    head_dim = rows.size(1) // (parts * heads)
-    grid = rows.new_zeros(parts * heads, batch * length, head_dim)  # (P * H, B * L, K)
-    real = rows[:count].view(count, parts * heads, head_dim).transpose(0, 1)  # (P * H, M, K)
-    grid.index_copy_(1, packing.index[:count], real)
-    return grid.view(parts, heads * batch, length, head_dim)
+
+def _to_grid(rows: Tensor, layout: Layout, parts: int) -> Tensor:
+    """rows (M', parts · K) -> grid (parts · total, K): each real row's head-parts in their
+    slots (`Layout`), zeros at the padding. One scatter of (M · parts) rows of K."""
+    count = len(layout.local)
+    head_dim = rows.size(1) // parts
+    grid = rows.new_zeros(parts * layout.total, head_dim)
+    grid.index_copy_(0, layout.index(parts), rows[:count].reshape(count * parts, head_dim))
+    return grid
 
 
-def _from_heads(x: Tensor, packing: Packing, heads: int) -> Tensor:
-    """x (P, H * B, L, K) -> rows (M', P * H * K), the inverse of `_to_heads`; zeros in the
-    filler rows."""
-    parts, _, length, head_dim = x.shape
-    count = packing.count
-    grid = x.reshape(parts * heads, packing.batch * length, head_dim)  # (P * H, B * L, K)
-    picked = grid.index_select(1, packing.index[:count])  # (P * H, M, K)
-    out = x.new_empty(len(packing.index), parts * heads * head_dim)  # (M', P * H * K)
-    out[:count].view(count, parts * heads, head_dim).copy_(picked.transpose(0, 1))
+def _from_grid(grid: Tensor, layout: Layout, n_rows: int, parts: int) -> Tensor:
+    """grid (parts · total, K) -> rows (n_rows, parts · K), the inverse of `_to_grid`;
+    zeros in the filler rows beyond the real ones."""
+    count = len(layout.local)
+    out = grid.new_empty(n_rows, parts * grid.size(1))  # (M', parts · K)
+    torch.index_select(grid, 0, layout.index(parts), out=out[:count].view(-1, grid.size(1)))
     out[count:] = 0.0
     return out

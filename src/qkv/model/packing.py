@@ -14,7 +14,7 @@ and no linear layer has to copy its rows into a longer matrix, forward or backwa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -32,12 +32,15 @@ class Packing:
         batch: B.
         length: L.
         count: M, the real tokens.
+        derived: what is computed from these once per batch and kept for its every layer
+            (attention's grouped layouts, `qkv.model.grid`).
     """
 
     index: Tensor
     batch: int
     length: int
     count: int
+    derived: dict[object, object] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_mask(cls, real: Tensor, round_rows: bool = False) -> Packing:
