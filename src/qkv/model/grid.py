@@ -55,6 +55,8 @@ class Layout:
         sentences: (B_g,) long of each group, its sentences (for the mask).
         base, span, local: (M,) long each, of each real row: its group's start and B_g · L_g,
             and its slot in the group (sentence in group × L_g + position).
+        derived: what attention computes from the layout once for all the layers of a batch
+            (the groups' masks).
     """
 
     groups: Grouping
@@ -67,6 +69,7 @@ class Layout:
     span: Tensor
     local: Tensor
     _indexes: dict[int, Tensor] = field(default_factory=dict, compare=False, repr=False)
+    derived: dict[object, object] = field(default_factory=dict, compare=False, repr=False)
 
     def index(self, parts: int) -> Tensor:
         """(M · parts,) long: the grid row of each real row's head-parts, row by row, in the

@@ -75,16 +75,37 @@ def packed_attention(
     groups = grouping(query_rows)
     query_layout = layout(query_rows, groups)
     key_layout = query_layout if keys_values is None else layout(memory_rows, groups)
-    masks = [
-        _group_mask(mask, sentences, heads, length, source_length, queries.dtype)
-        for sentences, length, source_length in zip(
-            query_layout.sentences, query_layout.lengths, key_layout.lengths, strict=True
-        )
-    ]
+    masks = _group_masks(mask, query_layout, key_layout, heads, queries.dtype)
     out: Tensor = _PackedAttention.apply(
         queries, keys_values, masks, query_layout, key_layout, heads
     )
     return out
+
+
+GroupMasks = list[tuple[Tensor, Tensor | None]]
+
+
+def _group_masks(
+    mask: Tensor | None,
+    query_layout: Layout,
+    key_layout: Layout,
+    heads: int,
+    dtype: torch.dtype,
+) -> GroupMasks:
+    """Every group's `_group_mask`, made once for all the layers that pass the same mask."""
+    key = ("masks", id(mask), id(key_layout), heads, dtype)
+    cached = query_layout.derived.get(key)
+    if isinstance(cached, tuple) and cached[0] is mask and cached[1] is key_layout:
+        made: GroupMasks = cached[2]  # holding mask and layout, their ids are not reused
+        return made
+    made = [
+        _group_mask(mask, sentences, heads, length, source_length, dtype)
+        for sentences, length, source_length in zip(
+            query_layout.sentences, query_layout.lengths, key_layout.lengths, strict=True
+        )
+    ]
+    query_layout.derived[key] = (mask, key_layout, made)
+    return made
 
 
 def _group_mask(
@@ -119,7 +140,7 @@ class _PackedAttention(torch.autograd.Function):
         ctx: Any,
         queries: Tensor,
         keys_values: Tensor | None,
-        masks: list[tuple[Tensor, Tensor | None]],
+        masks: GroupMasks,
         query_layout: Layout,
         key_layout: Layout,
         heads: int,
