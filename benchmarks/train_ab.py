@@ -60,55 +60,25 @@ CHANGES = {
 
 
 @contextmanager
-def _linear_off() -> Iterator[None]:
-    applies = qkv_linear._applies
-    qkv_linear._applies = _never  # type: ignore[assignment]
+def _swapped(owner: Any, **values: Any) -> Iterator[None]:
+    """`owner`'s attributes set to `values` for the duration, then put back."""
+    kept = {name: getattr(owner, name) for name in values}
+    for name, value in values.items():
+        setattr(owner, name, value)
     try:
         yield
     finally:
-        qkv_linear._applies = applies
-
-
-@contextmanager
-def _attention_off() -> Iterator[None]:
-    short = qkv_packed_attention.SHORT
-    qkv_packed_attention.SHORT = -1  # every sentence counts as long: the fused kernel
-    try:
-        yield
-    finally:
-        qkv_packed_attention.SHORT = short
+        for name, value in kept.items():
+            setattr(owner, name, value)
 
 
 @contextmanager
 def _packed_off() -> Iterator[None]:
-    rounded, applies = qkv_packing.padded_rows, qkv_attention.packed_attention_applies
-    qkv_packing.padded_rows = _exact
-    qkv_attention.packed_attention_applies = _never  # type: ignore[assignment]
-    try:
+    with (
+        _swapped(qkv_packing, padded_rows=_exact),
+        _swapped(qkv_attention, packed_attention_applies=_never),
+    ):
         yield
-    finally:
-        qkv_packing.padded_rows = rounded
-        qkv_attention.packed_attention_applies = applies
-
-
-@contextmanager
-def _grouped_off() -> Iterator[None]:
-    most = qkv_grid.MAX_GROUPS
-    qkv_grid.MAX_GROUPS = 1
-    try:
-        yield
-    finally:
-        qkv_grid.MAX_GROUPS = most
-
-
-@contextmanager
-def _dropout_off() -> Iterator[None]:
-    made = qkv_dropout.dropout
-    qkv_dropout.dropout = _dropout_through_bools
-    try:
-        yield
-    finally:
-        qkv_dropout.dropout = made
 
 
 def _dropout_through_bools(x: torch.Tensor, p: float) -> torch.Tensor:
@@ -121,12 +91,13 @@ def _dropout_through_bools(x: torch.Tensor, p: float) -> torch.Tensor:
 
 
 _OFF: dict[str, Callable[[], Any]] = {
-    "linear": _linear_off,
-    "attention": _attention_off,
+    "linear": lambda: _swapped(qkv_linear, _applies=_never),
+    # every sentence counts as long: the fused kernel
+    "attention": lambda: _swapped(qkv_packed_attention, SHORT=-1),
     "optimizer": nullcontext,  # the off way differs in its optimiser alone
     "packed": _packed_off,
-    "dropout": _dropout_off,
-    "grouped": _grouped_off,
+    "dropout": lambda: _swapped(qkv_dropout, dropout=_dropout_through_bools),
+    "grouped": lambda: _swapped(qkv_grid, MAX_GROUPS=1),
 }
 
 

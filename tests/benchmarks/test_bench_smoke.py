@@ -308,14 +308,17 @@ def test_train_ab_trains_both_ways_and_puts_everything_back(
     import qkv.model.packed_attention as packed_attention
     import qkv.model.packing as packing
 
-    kept = (
-        linear._applies,
-        packed_attention.SHORT,
-        packing.padded_rows,
-        attention.packed_attention_applies,
-        dropout.dropout,
-        grid.MAX_GROUPS,
-    )
+    def switches() -> tuple[object, ...]:
+        return (
+            linear._applies,
+            packed_attention.SHORT,
+            packing.padded_rows,
+            attention.packed_attention_applies,
+            dropout.dropout,
+            grid.MAX_GROUPS,
+        )
+
+    kept = switches()
     argv = ["--shape", "tiny", "--threads", "1", "--steps", "2", "--warmup", "1", *extra]
     out = train_ab.main([*argv, "--batch-tokens", "200", "--change", change])
     assert out["tokens_per_s"]["on"] > 0 and out["tokens_per_s"]["off"] > 0
@@ -323,11 +326,4 @@ def test_train_ab_trains_both_ways_and_puts_everything_back(
     tolerance = 5e-2 if change == "packed" else 1e-3
     assert abs(out["last_loss"]["on"] - out["last_loss"]["off"]) < tolerance
     assert train_ab.CHANGES[change] in capsys.readouterr().out
-    assert kept == (
-        linear._applies,
-        packed_attention.SHORT,
-        packing.padded_rows,
-        attention.packed_attention_applies,
-        dropout.dropout,
-        grid.MAX_GROUPS,
-    )
+    assert kept == switches()
