@@ -83,11 +83,11 @@ def _packed_off() -> Iterator[None]:
 
 def _dropout_through_bools(x: torch.Tensor, p: float) -> torch.Tensor:
     """`qkv.model.dropout.dropout` with the same draws, its multiplier a bool mask cast."""
-    levels = qkv_dropout.dropped_levels(p)
-    if levels in (0, 1 << 16):
+    levels, all_levels = qkv_dropout.dropped_levels(p), qkv_dropout._LEVELS
+    if levels in (0, all_levels):
         return x if levels == 0 else x * 0.0
     kept = qkv_dropout._slices(x.shape, x.device) >= qkv_dropout._threshold(p)
-    return x * kept.to(x.dtype).mul_((1 << 16) / ((1 << 16) - levels))
+    return x * kept.to(x.dtype).mul_(all_levels / (all_levels - levels))
 
 
 _OFF: dict[str, Callable[[], Any]] = {

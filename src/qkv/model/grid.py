@@ -15,7 +15,9 @@ sentences on both sides.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar, cast
 
 import torch
 from torch import Tensor
@@ -24,6 +26,22 @@ from qkv.model.packing import Packing
 
 GROUP_COST = 2048  # a group's fixed cost, in score entries (B · T · S) it must save
 MAX_GROUPS = 8
+
+T = TypeVar("T")
+
+
+def derived(store: dict[object, object], make: Callable[[], T], *keys: object) -> T:
+    """`make()` once per `store` (a batch's `Packing.derived` or `Layout.derived`) and `keys`.
+
+    Numbers, strings and dtypes are keys by value, other objects by identity; the entry holds
+    them, so that no id in a key is reused for another object while the entry is kept.
+    """
+    key = tuple(k if isinstance(k, int | str | torch.dtype) else id(k) for k in keys)
+    if key not in store:
+        store[key] = (keys, make())
+    held = store[key]
+    assert isinstance(held, tuple)
+    return cast(T, held[1])
 
 
 @dataclass(frozen=True)
@@ -55,8 +73,8 @@ class Layout:
         sentences: (B_g,) long of each group, its sentences (for the mask).
         base, span, local: (M,) long each, of each real row: its group's start and B_g · L_g,
             and its slot in the group (sentence in group × L_g + position).
-        derived: what attention computes from the layout once for all the layers of a batch
-            (the groups' masks).
+        derived: what is computed from the layout once for all the layers of a batch (its
+            indexes, the groups' masks; `derived`).
     """
 
     groups: Grouping
@@ -68,17 +86,18 @@ class Layout:
     base: Tensor
     span: Tensor
     local: Tensor
-    _indexes: dict[int, Tensor] = field(default_factory=dict, compare=False, repr=False)
     derived: dict[object, object] = field(default_factory=dict, compare=False, repr=False)
 
     def index(self, parts: int) -> Tensor:
         """(M · parts,) long: the grid row of each real row's head-parts, row by row, in the
-        order of a (M, parts, K) view of the rows."""
-        if parts not in self._indexes:
+        order of a (M, parts, K) view of the rows (made once per number of parts)."""
+
+        def make() -> Tensor:
             offsets = torch.arange(parts, device=self.base.device)  # (parts,)
             first = parts * self.base + self.local  # (M,)
-            self._indexes[parts] = (first[:, None] + offsets * self.span[:, None]).view(-1)
-        return self._indexes[parts]
+            return (first[:, None] + offsets * self.span[:, None]).view(-1)
+
+        return derived(self.derived, make, "index", parts)
 
     def block(self, grid: Tensor, group: int, parts: int, heads: int) -> Tensor:
         """grid (parts · heads · total, K) -> group's (parts, heads · B_g, L_g, K) view."""
@@ -91,32 +110,31 @@ class Layout:
 
 def grouping(rows: Packing) -> Grouping:
     """The grouping of `rows`' sentences by their lengths (computed once per packing)."""
-    made = rows.derived.get("grouping")
-    if made is None:
+
+    def make() -> Grouping:
         extents = sentence_extents(rows)
         order = torch.argsort(extents, descending=True, stable=True)  # (B,)
-        made = Grouping(order, cut(extents[order].tolist()))
-        rows.derived["grouping"] = made
-    assert isinstance(made, Grouping)
-    return made
+        return Grouping(order, cut(extents[order].tolist()))
+
+    return derived(rows.derived, make, "grouping")
 
 
 def layout(rows: Packing, groups: Grouping) -> Layout:
     """Where `rows` sit in `groups` (computed once per packing and grouping)."""
-    key = ("layout", id(groups))
-    made = rows.derived.get(key)
-    if not (isinstance(made, Layout) and made.groups is groups):  # holding it, no id reuse
-        made = _layout(rows, groups)
-        rows.derived[key] = made
-    return made
+    return derived(rows.derived, lambda: _layout(rows, groups), "layout", groups)
 
 
 def sentence_extents(rows: Packing) -> Tensor:
-    """(B,) long: 1 + the last real position of each sentence, 0 for an empty one."""
-    real = rows.index[: rows.count]  # (M,)
-    sentence, position = real // rows.length, real % rows.length
-    extents = torch.zeros(rows.batch, dtype=torch.long, device=real.device)
-    return extents.scatter_reduce_(0, sentence, position + 1, "amax")
+    """(B,) long: 1 + the last real position of each sentence, 0 for an empty one (computed
+    once per packing)."""
+
+    def make() -> Tensor:
+        real = rows.index[: rows.count]  # (M,)
+        sentence, position = real // rows.length, real % rows.length
+        extents = torch.zeros(rows.batch, dtype=torch.long, device=real.device)
+        return extents.scatter_reduce_(0, sentence, position + 1, "amax")
+
+    return derived(rows.derived, make, "extents")
 
 
 def cut(lengths: list[int]) -> list[tuple[int, int]]:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from qkv.model.grid import Layout, grouping, layout
+from qkv.model.grid import Layout, derived, grouping, layout
 from qkv.model.packing import Packing
 
 # Up to this many queries and keys, the unfused product is the faster one on a CPU.
@@ -93,19 +93,16 @@ def _group_masks(
     dtype: torch.dtype,
 ) -> GroupMasks:
     """Every group's `_group_mask`, made once for all the layers that pass the same mask."""
-    key = ("masks", id(mask), id(key_layout), heads, dtype)
-    cached = query_layout.derived.get(key)
-    if isinstance(cached, tuple) and cached[0] is mask and cached[1] is key_layout:
-        made: GroupMasks = cached[2]  # holding mask and layout, their ids are not reused
-        return made
-    made = [
-        _group_mask(mask, sentences, heads, length, source_length, dtype)
-        for sentences, length, source_length in zip(
-            query_layout.sentences, query_layout.lengths, key_layout.lengths, strict=True
-        )
-    ]
-    query_layout.derived[key] = (mask, key_layout, made)
-    return made
+
+    def make() -> GroupMasks:
+        return [
+            _group_mask(mask, sentences, heads, length, source_length, dtype)
+            for sentences, length, source_length in zip(
+                query_layout.sentences, query_layout.lengths, key_layout.lengths, strict=True
+            )
+        ]
+
+    return derived(query_layout.derived, make, "masks", mask, key_layout, heads, dtype)
 
 
 def _group_mask(
