@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from qkv.data.special import EOS_ID
+from qkv.inference.beam import beam_search
 from qkv.inference.incremental import DecodingWeights, ModelDecoder
 from qkv.inference.search import greedy_search
 from qkv.model.frozen_linear import FrozenLinear
@@ -97,3 +98,19 @@ def test_decoding_weights_of_another_model_are_refused() -> None:
     model, other = (Seq2SeqTransformer(tiny_config()).eval() for _ in range(2))
     with pytest.raises(ValueError, match="another model"):
         ModelDecoder(model, random_ids(2, 3), 4, weights=DecodingWeights(other))
+
+
+def test_decoding_with_autograd_on_gives_the_tokens_of_inference_mode() -> None:
+    """Nothing in a step writes in place into a tensor that autograd tracks."""
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(tiny_config(vocab_size=60)).eval()
+    src = random_ids(5, 7, vocab=60)
+
+    def beams() -> list:
+        budget = torch.full((src.size(0),), 9, dtype=torch.long)
+        found = beam_search(ModelDecoder(model, src, 10, (EOS_ID,)), src.size(0), 3, budget)
+        return [[hypothesis.tokens for hypothesis in sentence] for sentence in found]
+
+    with torch.inference_mode():
+        expected = greedy(model, src, None), beams()
+    assert (greedy(model, src, None), beams()) == expected

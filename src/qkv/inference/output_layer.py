@@ -147,8 +147,9 @@ class OutputLayer:
     def logits(self, x: Tensor) -> Tensor:
         """x (..., D) -> logits (..., V) in the layer's dtype, the `never` tokens at -inf."""
         logits = self.exact(x)  # (..., V)
-        if self.never.numel() > 0:
-            logits.index_fill_(-1, self.never, float("-inf"))
+        if self.never.numel() > 0:  # in place, unless autograd tracks the logits
+            fill = logits.index_fill if logits.requires_grad else logits.index_fill_
+            logits = fill(-1, self.never, float("-inf"))
         return logits
 
     def _screened(self, x: Tensor) -> Tensor:
