@@ -45,7 +45,7 @@ def _slices(shape: torch.Size, device: torch.device | None) -> Tensor:
     """Uniform int16 values of `shape`, four cut from each 64-bit random draw."""
     count = shape.numel()
     bits = torch.empty((count + 3) // 4, dtype=torch.int64, device=device)
-    bits.random_(-(1 << 63), (1 << 63) - 1)  # every bit uniform
+    bits.random_(-(1 << 63), None)  # the full 64-bit range: every bit uniform, no modulo
     return bits.view(torch.int16)[:count].view(shape)
 
 
