@@ -18,7 +18,9 @@ AdamW, `tune_allocator`). The "off" way undoes one change (`--change`):
 - `grouped`: attention over one grid padded to the batch's longest sentence instead of
   sentences sorted by length into groups, each padded to its own longest (`qkv.model.grid`);
 - `dropout`: dropout's multiplier made as a bool mask, then cast, instead of the comparison
-  writing floats (`qkv.model.dropout`).
+  writing floats (`qkv.model.dropout`);
+- `draws`: dropout's random words drawn from a range one short of 2⁶⁴ (a modulo per draw)
+  instead of the full 64-bit range (`qkv.model.dropout._slices`).
 
 Prints the target tokens per second of each way, their ratio, the median ratio of paired
 steps, and each way's last loss (equal up to float rounding).
@@ -56,6 +58,7 @@ CHANGES = {
     "packed": "rounded packed rows, attention from rows to rows (off: exact rows, autograd's)",
     "dropout": "dropout's mask compared into floats (off: a bool mask, then cast)",
     "grouped": "attention grouped by sentence length (off: one group, padded to the longest)",
+    "draws": "dropout's words over the full 64-bit range (off: a range one short, a modulo)",
 }
 
 
@@ -90,6 +93,16 @@ def _dropout_through_bools(x: torch.Tensor, p: float) -> torch.Tensor:
     return x * kept.to(x.dtype).mul_(all_levels / (all_levels - levels))
 
 
+def _slices_by_modulo(shape: torch.Size, device: torch.device | None) -> torch.Tensor:
+    """`qkv.model.dropout._slices` drawing from [-2⁶³, 2⁶³ - 1), as it did before: each word
+    reduced by a 64-bit modulo and shifted by -2⁶³, i.e. the same words with their top bit
+    flipped (other masks, from the same distribution)."""
+    count = shape.numel()
+    bits = torch.empty((count + 3) // 4, dtype=torch.int64, device=device)
+    bits.random_(-(1 << 63), (1 << 63) - 1)
+    return bits.view(torch.int16)[:count].view(shape)
+
+
 _OFF: dict[str, Callable[[], Any]] = {
     "linear": lambda: _swapped(qkv_linear, _applies=_never),
     # every sentence counts as long: the fused kernel
@@ -98,6 +111,7 @@ _OFF: dict[str, Callable[[], Any]] = {
     "packed": _packed_off,
     "dropout": lambda: _swapped(qkv_dropout, dropout=_dropout_through_bools),
     "grouped": lambda: _swapped(qkv_grid, MAX_GROUPS=1),
+    "draws": lambda: _swapped(qkv_dropout, _slices=_slices_by_modulo),
 }
 
 
