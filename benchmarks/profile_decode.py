@@ -5,7 +5,9 @@ per-op overhead distorts steps of a few milliseconds), on the decoding workload 
 benchmark (batch `--infer-batch`, exactly `--new-tokens` tokens, greedy and beam search).
 `bench.py` runs it in its profile phase; on its own:
 
-    python benchmarks/profile_decode.py [--threads 2] [--beam 5] [--dtype bf16]
+    python benchmarks/profile_decode.py [--threads 2] [--beam 5] [--dtype bf16] [--shape narrow]
+
+`--shape narrow` runs the same layers and heads 16 wide: a step's per-operation overhead.
 """
 
 from __future__ import annotations
@@ -139,7 +141,7 @@ def decode_split(args: Any) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--shape", choices=["base", "tiny"], default="base")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="base")
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--sentences", type=int, default=256)
     parser.add_argument("--infer-batch", type=int, default=64)

@@ -32,6 +32,9 @@ class Shape:
 
 SHAPES = {
     "base": Shape(),
+    # the base model's layers and heads at a width of 16: what a decoding step costs in
+    # per-operation overhead alone (`profile_decode.py --shape narrow`)
+    "narrow": Shape(d_model=16, d_ff=16, src_vocab=64, tgt_vocab=64),
     # for the smoke test: seconds, not minutes
     "tiny": Shape(
         d_model=32,

@@ -60,6 +60,7 @@ def bench(monkeypatch: pytest.MonkeyPatch) -> object:
         "qkv_side",
         "report",
         "screen_ab",
+        "step_parts",
         "train_ab",
         "workload",
         "workers_phase",
@@ -330,3 +331,39 @@ def test_train_ab_trains_both_ways_and_puts_everything_back(
     assert abs(out["last_loss"]["on"] - out["last_loss"]["off"]) < tolerance
     assert train_ab.CHANGES[change] in capsys.readouterr().out
     assert kept == switches()
+
+
+def test_step_parts_times_each_part_within_the_step_and_puts_everything_back(
+    bench: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import qkv_side
+    import step_parts
+
+    import qkv.model.dropout as dropout
+    import qkv.model.linear as linear
+    import qkv.model.packed_attention as packed_attention
+
+    def wrapped() -> tuple[object, ...]:
+        return (
+            linear._product,
+            linear._weight_grad,
+            vars(packed_attention._PackedAttention)["forward"],
+            vars(packed_attention._PackedAttention)["backward"],
+            packed_attention._to_grid,
+            dropout.dropout,
+            dropout._slices,
+            qkv_side.smoothed_cross_entropy,
+        )
+
+    kept = wrapped()
+    argv = ["--shape", "tiny", "--threads", "1", "--warmup", "1", "--steps", "2"]
+    parts = step_parts.main([*argv, "--batch-tokens", "200"])
+    assert kept == wrapped()
+    step = parts[step_parts.STEP]
+    assert sum(parts[part] for part in step_parts.SPLIT) == pytest.approx(step, rel=1e-6)
+    for part in step_parts.PARTS:
+        assert 0 < parts[part] < step, part
+    assert parts[step_parts.WEIGHT_PRODUCTS] < parts[step_parts.PRODUCTS]
+    assert parts[step_parts.GRID] < parts[step_parts.ATTENTION]
+    assert parts[step_parts.RANDOM] < parts[step_parts.DROPOUT]
+    assert "| **whole step** |" in capsys.readouterr().out

@@ -1,0 +1,168 @@
+"""Where a qkv training step goes once the process is warm: wall-clock ms per step, by part.
+
+The parts are timed with `time.perf_counter` around the functions that do them, on the
+benchmark's identical batches, after warm-up steps that let the heap reach its size (no
+profiler: it, and the first steps, whose new heap pages fault, inflate the big elementwise
+operations two- to fivefold). The loss's backward is timed from the start of the backward to
+the moment the logits' gradient is made.
+
+    python benchmarks/step_parts.py [--threads 2] [--warmup 10] [--steps 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import qkv_side
+import torch
+from phases import build, train_batches
+from workload import SHAPES
+
+import qkv.model.dropout as qkv_dropout
+import qkv.model.linear as qkv_linear
+import qkv.model.packed_attention as qkv_packed_attention
+from qkv.training.speed import tune_allocator
+
+STEP = "whole step"
+SPLIT = ("forward + loss", "backward", "optimizer")
+PRODUCTS = "linear layers' products (oneDNN)"
+WEIGHT_PRODUCTS = "  of which the weights' gradients"
+TRANSPOSES = "weight gradients' transposed copies"
+ATTENTION = "attention, forward and backward"
+GRID = "  of which rows into and out of the grid"
+DROPOUT = "dropout, forward"
+RANDOM = "  of which random words"
+LOSS = "loss, forward and backward"
+PARTS = (PRODUCTS, WEIGHT_PRODUCTS, TRANSPOSES, ATTENTION, GRID, DROPOUT, RANDOM, LOSS)
+
+
+@contextmanager
+def timers() -> Iterator[dict[str, float]]:
+    """Wrap the parts of a training step with timers; yields seconds per part, summed."""
+    seconds: dict[str, float] = defaultdict(float)
+    undo: list[tuple[Any, str, Any]] = []
+    inside_weight_grad = [False]
+
+    def wrap(owner: Any, name: str, part: str, around: Callable[[Any], Any] | None = None) -> None:
+        original = vars(owner).get(name, getattr(owner, name))  # a staticmethod as it is
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            result = original(*args, **kwargs) if around is None else around(original)(*args)
+            seconds[part] += time.perf_counter() - start
+            return result
+
+        undo.append((owner, name, original))
+        setattr(owner, name, timed)
+
+    def product(original: Any) -> Any:
+        def call(*args: Any) -> Any:
+            start = time.perf_counter()
+            result = original(*args)
+            if inside_weight_grad[0]:
+                seconds[WEIGHT_PRODUCTS] += time.perf_counter() - start
+            return result
+
+        return call
+
+    def weight_grad(original: Any) -> Any:
+        def call(*args: Any) -> Any:
+            inside_weight_grad[0] = True
+            try:
+                return original(*args)
+            finally:
+                inside_weight_grad[0] = False
+
+        return call
+
+    wrap(qkv_linear, "_product", PRODUCTS, product)
+    wrap(qkv_linear, "_weight_grad", TRANSPOSES, weight_grad)
+    for name in ("forward", "backward"):
+        wrap(qkv_packed_attention._PackedAttention, name, ATTENTION)
+    for name in ("_to_grid", "_from_grid"):
+        wrap(qkv_packed_attention, name, GRID)
+    wrap(qkv_dropout, "dropout", DROPOUT)
+    wrap(qkv_dropout, "_slices", RANDOM)
+    try:
+        yield seconds
+    finally:
+        for owner, name, original in reversed(undo):
+            setattr(owner, name, original)
+
+
+def measure(args: argparse.Namespace) -> dict[str, float]:
+    """Milliseconds per step of each part over `args.steps` steps after `args.warmup`."""
+    tune_allocator()
+    shape = SHAPES[args.shape]
+    torch.manual_seed(args.seed)
+    system = build("qkv", shape)
+    batches = train_batches(args, shape)
+    optimizer = system.optimizer(args.lr)
+    system.model.train()
+    loss_marks: dict[str, float] = {}
+    original_loss = qkv_side.smoothed_cross_entropy
+
+    def timed_loss(logits: torch.Tensor, *rest: Any, **kwargs: Any) -> torch.Tensor:
+        start = time.perf_counter()
+        loss = original_loss(logits, *rest, **kwargs)
+        loss_marks["forward"] = time.perf_counter() - start
+        logits.register_hook(lambda grad: loss_marks.__setitem__("made", time.perf_counter()))
+        return loss
+
+    qkv_side.smoothed_cross_entropy = timed_loss
+    try:
+        with timers() as seconds:
+            for i, batch in enumerate(batches[: args.warmup + args.steps]):
+                if i == args.warmup:
+                    seconds.clear()
+                marks = [time.perf_counter()]
+                optimizer.zero_grad(set_to_none=True)
+                loss = system.loss(batch["src"], batch["tgt_in"], batch["labels"])
+                marks.append(time.perf_counter())
+                loss.backward()
+                marks.append(time.perf_counter())
+                optimizer.step()
+                marks.append(time.perf_counter())
+                seconds[STEP] += marks[3] - marks[0]
+                for part, start, end in zip(SPLIT, marks, marks[1:], strict=False):
+                    seconds[part] += end - start
+                seconds[LOSS] += loss_marks["forward"] + loss_marks["made"] - marks[1]
+            steps = min(args.steps, len(batches) - args.warmup)
+            seconds[TRANSPOSES] -= seconds[WEIGHT_PRODUCTS]
+            return {part: 1000 * seconds[part] / steps for part in (STEP, *SPLIT, *PARTS)}
+    finally:
+        qkv_side.smoothed_cross_entropy = original_loss
+
+
+def table(parts: dict[str, float]) -> list[str]:
+    lines = ["| part | ms per step |", "|---|---:|"]
+    for part, ms in parts.items():
+        label = f"&nbsp;&nbsp;↳ {part.strip()}" if part.startswith("  ") else part
+        lines.append(f"| {'**' + label + '**' if part == STEP else label} | {ms:.1f} |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="base")
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--batch-tokens", type=int, default=2000)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    args = parser.parse_args(argv)
+    args.device, args.dtype = "cpu", "fp32"
+    torch.set_num_threads(args.threads)
+    parts = measure(args)
+    print("\n".join(table(parts)))
+    return parts
+
+
+if __name__ == "__main__":
+    main()
