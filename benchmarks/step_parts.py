@@ -6,7 +6,10 @@ profiler: it, and the first steps, whose new heap pages fault, inflate the big e
 operations two- to fivefold). The loss's backward is timed from the start of the backward to
 the moment the logits' gradient is made.
 
-    python benchmarks/step_parts.py [--threads 2] [--warmup 10] [--steps 20]
+    python benchmarks/step_parts.py [--threads 2] [--warmup 10] [--steps 20] [--peak 431.2]
+
+With `--peak` (GFLOP/s, e.g. a run's matmul peak from `bench.py`), the MFU of the timed steps
+too: 6 × non-embedding parameters × target tokens/s / peak, as `bench.py` counts it.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 
 import qkv_side
 import torch
-from phases import build, train_batches
+from phases import build, n_targets, params, train_batches
 from workload import SHAPES
 
 import qkv.model.dropout as qkv_dropout
@@ -29,6 +32,7 @@ import qkv.model.packed_attention as qkv_packed_attention
 from qkv.training.speed import tune_allocator
 
 STEP = "whole step"
+MFU = "MFU, % of --peak"
 SPLIT = ("forward + loss", "backward", "optimizer")
 PRODUCTS = "linear layers' products (oneDNN)"
 WEIGHT_PRODUCTS = "  of which the weights' gradients"
@@ -132,18 +136,22 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
                 for part, start, end in zip(SPLIT, marks, marks[1:], strict=False):
                     seconds[part] += end - start
                 seconds[LOSS] += loss_marks["forward"] + loss_marks["made"] - marks[1]
-            steps = min(args.steps, len(batches) - args.warmup)
+            timed = batches[args.warmup : args.warmup + args.steps]
             seconds[TRANSPOSES] -= seconds[WEIGHT_PRODUCTS]
-            return {part: 1000 * seconds[part] / steps for part in (STEP, *SPLIT, *PARTS)}
+            out = {part: 1000 * seconds[part] / len(timed) for part in (STEP, *SPLIT, *PARTS)}
+            if args.peak:
+                flops = 6 * params(system)["non_embedding"] * n_targets(timed)
+                out[MFU] = 100 * flops / seconds[STEP] / (args.peak * 1e9)
+            return out
     finally:
         qkv_side.smoothed_cross_entropy = original_loss
 
 
 def table(parts: dict[str, float]) -> list[str]:
-    lines = ["| part | ms per step |", "|---|---:|"]
+    lines = ["| part | ms per step (MFU: %) |", "|---|---:|"]
     for part, ms in parts.items():
         label = f"&nbsp;&nbsp;↳ {part.strip()}" if part.startswith("  ") else part
-        lines.append(f"| {'**' + label + '**' if part == STEP else label} | {ms:.1f} |")
+        lines.append(f"| {'**' + label + '**' if part in (STEP, MFU) else label} | {ms:.1f} |")
     return lines
 
 
@@ -156,6 +164,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch-tokens", type=int, default=2000)
     parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--peak", type=float, default=0.0, help="GFLOP/s, for the MFU")
     args = parser.parse_args(argv)
     args.device, args.dtype = "cpu", "fp32"
     torch.set_num_threads(args.threads)

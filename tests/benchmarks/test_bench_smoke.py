@@ -357,7 +357,7 @@ def test_step_parts_times_each_part_within_the_step_and_puts_everything_back(
 
     kept = wrapped()
     argv = ["--shape", "tiny", "--threads", "1", "--warmup", "1", "--steps", "2"]
-    parts = step_parts.main([*argv, "--batch-tokens", "200"])
+    parts = step_parts.main([*argv, "--batch-tokens", "200", "--peak", "100"])
     assert kept == wrapped()
     step = parts[step_parts.STEP]
     assert sum(parts[part] for part in step_parts.SPLIT) == pytest.approx(step, rel=1e-6)
@@ -366,4 +366,5 @@ def test_step_parts_times_each_part_within_the_step_and_puts_everything_back(
     assert parts[step_parts.WEIGHT_PRODUCTS] < parts[step_parts.PRODUCTS]
     assert parts[step_parts.GRID] < parts[step_parts.ATTENTION]
     assert parts[step_parts.RANDOM] < parts[step_parts.DROPOUT]
+    assert 0 < parts[step_parts.MFU] < 100
     assert "| **whole step** |" in capsys.readouterr().out
