@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -50,42 +50,28 @@ def timers() -> Iterator[dict[str, float]]:
     """Wrap the parts of a training step with timers; yields seconds per part, summed."""
     seconds: dict[str, float] = defaultdict(float)
     undo: list[tuple[Any, str, Any]] = []
-    inside_weight_grad = [False]
+    running: set[str] = set()  # the parts being timed now (a product inside a weight gradient)
 
-    def wrap(owner: Any, name: str, part: str, around: Callable[[Any], Any] | None = None) -> None:
+    def wrap(owner: Any, name: str, part: str) -> None:
         original = vars(owner).get(name, getattr(owner, name))  # a staticmethod as it is
 
         def timed(*args: Any, **kwargs: Any) -> Any:
             start = time.perf_counter()
-            result = original(*args, **kwargs) if around is None else around(original)(*args)
-            seconds[part] += time.perf_counter() - start
-            return result
+            running.add(part)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                running.discard(part)
+                spent = time.perf_counter() - start
+                seconds[part] += spent
+                if part == PRODUCTS and TRANSPOSES in running:
+                    seconds[WEIGHT_PRODUCTS] += spent
 
         undo.append((owner, name, original))
         setattr(owner, name, timed)
 
-    def product(original: Any) -> Any:
-        def call(*args: Any) -> Any:
-            start = time.perf_counter()
-            result = original(*args)
-            if inside_weight_grad[0]:
-                seconds[WEIGHT_PRODUCTS] += time.perf_counter() - start
-            return result
-
-        return call
-
-    def weight_grad(original: Any) -> Any:
-        def call(*args: Any) -> Any:
-            inside_weight_grad[0] = True
-            try:
-                return original(*args)
-            finally:
-                inside_weight_grad[0] = False
-
-        return call
-
-    wrap(qkv_linear, "_product", PRODUCTS, product)
-    wrap(qkv_linear, "_weight_grad", TRANSPOSES, weight_grad)
+    wrap(qkv_linear, "_product", PRODUCTS)
+    wrap(qkv_linear, "_weight_grad", TRANSPOSES)  # its products are taken out below
     for name in ("forward", "backward"):
         wrap(qkv_packed_attention._PackedAttention, name, ATTENTION)
     for name in ("_to_grid", "_from_grid"):
