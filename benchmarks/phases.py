@@ -20,6 +20,7 @@ import math
 import resource
 import statistics
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
@@ -175,6 +176,47 @@ def _best_seconds(fn: Callable[[], object], repeats: int, args: Any) -> float:
         sync(args)
         best = min(best, time.perf_counter() - start)
     return best
+
+
+class PartTimers:
+    """Wall-clock timers put around functions (`wrap`) and taken off again (`restore`).
+
+    `seconds[part]`: the time spent in the functions wrapped as `part`, summed; the parts are
+    listed in the order of their first `wrap`. `within[part, outer]`: the share of it spent
+    while a function wrapped as `outer` was running (a product inside a weight's gradient).
+    """
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.within: dict[tuple[str, str], float] = defaultdict(float)
+        self._running: list[str] = []
+        self._undo: list[tuple[Any, str, Any]] = []
+
+    def wrap(self, owner: Any, name: str, part: str) -> None:
+        """Time `owner.name` (a module's function, a class's method, an object's) as `part`."""
+        original = vars(owner).get(name, getattr(owner, name))  # a staticmethod as it is
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            self._running.append(part)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._running.pop()
+                spent = time.perf_counter() - start
+                self.seconds[part] += spent
+                for outer in set(self._running):
+                    self.within[part, outer] += spent
+
+        self._undo.append((owner, name, original))
+        setattr(owner, name, timed)
+        self.seconds[part] += 0.0  # listed in the order of wrapping
+
+    def restore(self) -> None:
+        """Put every wrapped function back."""
+        for owner, name, original in reversed(self._undo):
+            setattr(owner, name, original)
+        self._undo.clear()
 
 
 def best_ms(fn: Callable[[], object], passes: int = 7, calls: int = 20, warmups: int = 3) -> float:

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
-from phases import build, decode_batches, for_decoding
+from phases import PartTimers, build, decode_batches, for_decoding
 from workload import SHAPES
 
 import qkv.inference.beam as beam_module
@@ -51,22 +50,8 @@ TOP_LEVEL = (ENCODER, STEP, REORDER, SEARCH)
 @contextmanager
 def timers(system: Any) -> Iterator[dict[str, float]]:
     """Wrap the parts of a decoding step with timers; yields seconds per part, summed."""
-    seconds: dict[str, float] = defaultdict(float)
-    undo: list[tuple[Any, str, Any]] = []
-
-    def wrap(owner: Any, name: str, part: str) -> None:
-        original = getattr(owner, name)
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            result = original(*args, **kwargs)
-            seconds[part] += time.perf_counter() - start
-            return result
-
-        undo.append((owner, name, original))
-        setattr(owner, name, timed)
-        seconds[part] += 0.0  # report the parts in this order
-
+    clock = PartTimers()
+    wrap, seconds = clock.wrap, clock.seconds
     seconds[ENCODER] += 0.0  # report the parts in this order
     wrap(ModelDecoder, "step", STEP)
     wrap(ModelDecoder, "step_argmax", STEP)
@@ -103,8 +88,7 @@ def timers(system: Any) -> Iterator[dict[str, float]]:
     finally:
         incremental.frozen_copy = made
         system._weights = None  # not the timed copy
-        for owner, name, original in reversed(undo):
-            setattr(owner, name, original)
+        clock.restore()
 
 
 def decode_split(args: Any) -> dict[str, Any]:

@@ -16,14 +16,11 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections import defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import qkv_side
 import torch
-from phases import build, n_targets, params, train_batches
+from phases import PartTimers, build, n_targets, params, train_batches
 from workload import SHAPES
 
 import qkv.model.dropout as qkv_dropout
@@ -45,44 +42,18 @@ LOSS = "loss, forward and backward"
 PARTS = (PRODUCTS, WEIGHT_PRODUCTS, TRANSPOSES, ATTENTION, GRID, DROPOUT, RANDOM, LOSS)
 
 
-@contextmanager
-def timers() -> Iterator[dict[str, float]]:
-    """Wrap the parts of a training step with timers; yields seconds per part, summed."""
-    seconds: dict[str, float] = defaultdict(float)
-    undo: list[tuple[Any, str, Any]] = []
-    running: set[str] = set()  # the parts being timed now (a product inside a weight gradient)
-
-    def wrap(owner: Any, name: str, part: str) -> None:
-        original = vars(owner).get(name, getattr(owner, name))  # a staticmethod as it is
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            running.add(part)
-            try:
-                return original(*args, **kwargs)
-            finally:
-                running.discard(part)
-                spent = time.perf_counter() - start
-                seconds[part] += spent
-                if part == PRODUCTS and TRANSPOSES in running:
-                    seconds[WEIGHT_PRODUCTS] += spent
-
-        undo.append((owner, name, original))
-        setattr(owner, name, timed)
-
-    wrap(qkv_linear, "_product", PRODUCTS)
-    wrap(qkv_linear, "_weight_grad", TRANSPOSES)  # its products are taken out below
+def timers() -> PartTimers:
+    """Timers around the parts of a training step (`restore` takes them off)."""
+    clock = PartTimers()
+    clock.wrap(qkv_linear, "_product", PRODUCTS)
+    clock.wrap(qkv_linear, "_weight_grad", TRANSPOSES)  # its products are taken out
     for name in ("forward", "backward"):
-        wrap(qkv_packed_attention._PackedAttention, name, ATTENTION)
+        clock.wrap(qkv_packed_attention._PackedAttention, name, ATTENTION)
     for name in ("_to_grid", "_from_grid"):
-        wrap(qkv_packed_attention, name, GRID)
-    wrap(qkv_dropout, "dropout", DROPOUT)
-    wrap(qkv_dropout, "_slices", RANDOM)
-    try:
-        yield seconds
-    finally:
-        for owner, name, original in reversed(undo):
-            setattr(owner, name, original)
+        clock.wrap(qkv_packed_attention, name, GRID)
+    clock.wrap(qkv_dropout, "dropout", DROPOUT)
+    clock.wrap(qkv_dropout, "_slices", RANDOM)
+    return clock
 
 
 def measure(args: argparse.Namespace) -> dict[str, float]:
@@ -105,32 +76,36 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
         return loss
 
     qkv_side.smoothed_cross_entropy = timed_loss
+    clock = timers()
+    seconds = clock.seconds
     try:
-        with timers() as seconds:
-            for i, batch in enumerate(batches[: args.warmup + args.steps]):
-                if i == args.warmup:
-                    seconds.clear()
-                marks = [time.perf_counter()]
-                optimizer.zero_grad(set_to_none=True)
-                loss = system.loss(batch["src"], batch["tgt_in"], batch["labels"])
-                marks.append(time.perf_counter())
-                loss.backward()
-                marks.append(time.perf_counter())
-                optimizer.step()
-                marks.append(time.perf_counter())
-                seconds[STEP] += marks[3] - marks[0]
-                for part, start, end in zip(SPLIT, marks, marks[1:], strict=False):
-                    seconds[part] += end - start
-                seconds[LOSS] += loss_marks["forward"] + loss_marks["made"] - marks[1]
-            timed = batches[args.warmup : args.warmup + args.steps]
-            seconds[TRANSPOSES] -= seconds[WEIGHT_PRODUCTS]
-            out = {part: 1000 * seconds[part] / len(timed) for part in (STEP, *SPLIT, *PARTS)}
-            if args.peak:
-                flops = 6 * params(system)["non_embedding"] * n_targets(timed)
-                out[MFU] = 100 * flops / seconds[STEP] / (args.peak * 1e9)
-            return out
+        for i, batch in enumerate(batches[: args.warmup + args.steps]):
+            if i == args.warmup:
+                seconds.clear()
+                clock.within.clear()
+            marks = [time.perf_counter()]
+            optimizer.zero_grad(set_to_none=True)
+            loss = system.loss(batch["src"], batch["tgt_in"], batch["labels"])
+            marks.append(time.perf_counter())
+            loss.backward()
+            marks.append(time.perf_counter())
+            optimizer.step()
+            marks.append(time.perf_counter())
+            seconds[STEP] += marks[3] - marks[0]
+            for part, start, end in zip(SPLIT, marks, marks[1:], strict=False):
+                seconds[part] += end - start
+            seconds[LOSS] += loss_marks["forward"] + loss_marks["made"] - marks[1]
     finally:
+        clock.restore()
         qkv_side.smoothed_cross_entropy = original_loss
+    seconds[WEIGHT_PRODUCTS] = clock.within[PRODUCTS, TRANSPOSES]
+    seconds[TRANSPOSES] -= seconds[WEIGHT_PRODUCTS]
+    timed = batches[args.warmup : args.warmup + args.steps]
+    out = {part: 1000 * seconds[part] / len(timed) for part in (STEP, *SPLIT, *PARTS)}
+    if args.peak:
+        flops = 6 * params(system)["non_embedding"] * n_targets(timed)
+        out[MFU] = 100 * flops / seconds[STEP] / (args.peak * 1e9)
+    return out
 
 
 def table(parts: dict[str, float]) -> list[str]:
