@@ -36,10 +36,9 @@ WEIGHT_PRODUCTS = "  of which the weights' gradients"
 TRANSPOSES = "weight gradients' transposed copies"
 ATTENTION = "attention, forward and backward"
 GRID = "  of which rows into and out of the grid"
-DROPOUT = "dropout, forward"
-RANDOM = "  of which random words"
+DROPOUT = "dropout, forward and backward"
 LOSS = "loss, forward and backward"
-PARTS = (PRODUCTS, WEIGHT_PRODUCTS, TRANSPOSES, ATTENTION, GRID, DROPOUT, RANDOM, LOSS)
+PARTS = (PRODUCTS, WEIGHT_PRODUCTS, TRANSPOSES, ATTENTION, GRID, DROPOUT, LOSS)
 
 
 def timers() -> PartTimers:
@@ -52,7 +51,7 @@ def timers() -> PartTimers:
     for name in ("_to_grid", "_from_grid"):
         clock.wrap(qkv_packed_attention, name, GRID)
     clock.wrap(qkv_dropout, "dropout", DROPOUT)
-    clock.wrap(qkv_dropout, "_slices", RANDOM)
+    clock.wrap(qkv_dropout._HashedDropout, "backward", DROPOUT)  # torch's words: autograd's
     return clock
 
 

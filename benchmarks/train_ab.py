@@ -18,9 +18,15 @@ AdamW, `tune_allocator`). The "off" way undoes one change (`--change`):
 - `grouped`: attention over one grid padded to the batch's longest sentence instead of
   sentences sorted by length into groups, each padded to its own longest (`qkv.model.grid`);
 - `dropout`: dropout's multiplier made as a bool mask, then cast, instead of the comparison
-  writing floats (`qkv.model.dropout`);
+  writing floats (`qkv.model.dropout`; both ways with torch's words, not hashed ones);
 - `draws`: dropout's random words drawn from a range one short of 2⁶⁴ (a modulo per draw)
-  instead of the full 64-bit range (`qkv.model.dropout._slices`).
+  instead of the full 64-bit range (`qkv.model.dropout._slices`; both ways with torch's
+  words);
+- `hashed`: dropout's words from torch's generator and its multiplier kept for the backward,
+  instead of SplitMix64's words hashed from one seed inside a compiled loop, twice
+  (`qkv.model.dropout._HashedDropout`);
+- `loss`: `F.cross_entropy` instead of the label-smoothed loss's two compiled kernels
+  (`qkv.training.fused_loss`).
 
 Prints the target tokens per second of each way, their ratio, the median ratio of paired
 steps, and each way's last loss (equal up to float rounding).
@@ -49,6 +55,7 @@ import qkv.model.grid as qkv_grid
 import qkv.model.linear as qkv_linear
 import qkv.model.packed_attention as qkv_packed_attention
 import qkv.model.packing as qkv_packing
+from qkv.training import fused_loss as qkv_fused_loss
 from qkv.training.speed import tune_allocator
 
 CHANGES = {
@@ -59,6 +66,8 @@ CHANGES = {
     "dropout": "dropout's mask compared into floats (off: a bool mask, then cast)",
     "grouped": "attention grouped by sentence length (off: one group, padded to the longest)",
     "draws": "dropout's words over the full 64-bit range (off: a range one short, a modulo)",
+    "loss": "the smoothed loss as two compiled kernels (off: F.cross_entropy)",
+    "hashed": "dropout hashed in a compiled loop (off: torch's words, a kept multiplier)",
 }
 
 
@@ -112,6 +121,15 @@ _OFF: dict[str, Callable[[], Any]] = {
     "dropout": lambda: _swapped(qkv_dropout, dropout=_dropout_through_bools),
     "grouped": lambda: _swapped(qkv_grid, MAX_GROUPS=1),
     "draws": lambda: _swapped(qkv_dropout, _slices=_slices_by_modulo),
+    "loss": lambda: _swapped(qkv_fused_loss, applies=_never),
+    "hashed": lambda: _swapped(qkv_dropout, _hashed_applies=_never),
+}
+
+
+# What both ways do for a change that concerns a path qkv no longer takes by default.
+_BOTH: dict[str, Callable[[], Any]] = {
+    "dropout": lambda: _swapped(qkv_dropout, _hashed_applies=_never),
+    "draws": lambda: _swapped(qkv_dropout, _hashed_applies=_never),
 }
 
 
@@ -160,7 +178,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             system, optimizer = systems[name], optimizers[name]
             system.model.train()
             torch.manual_seed(args.seed + i)  # the same dropout masks for both ways
-            with _OFF[args.change]() if name == "off" else nullcontext():
+            with (
+                _BOTH.get(args.change, nullcontext)(),
+                _OFF[args.change]() if name == "off" else nullcontext(),
+            ):
                 start = time.perf_counter()
                 optimizer.zero_grad(set_to_none=True)
                 loss = system.loss(batch["src"], batch["tgt_in"], batch["labels"])

@@ -296,6 +296,8 @@ def test_qkv_gpu_training_step_trains_like_the_generic_step(bench: object) -> No
         ("dropout", []),
         ("grouped", []),
         ("draws", []),
+        ("hashed", []),
+        ("loss", []),
     ],
 )
 def test_train_ab_trains_both_ways_and_puts_everything_back(
@@ -309,6 +311,7 @@ def test_train_ab_trains_both_ways_and_puts_everything_back(
     import qkv.model.linear as linear
     import qkv.model.packed_attention as packed_attention
     import qkv.model.packing as packing
+    from qkv.training import fused_loss
 
     def switches() -> tuple[object, ...]:
         return (
@@ -318,6 +321,8 @@ def test_train_ab_trains_both_ways_and_puts_everything_back(
             attention.packed_attention_applies,
             dropout.dropout,
             dropout._slices,
+            dropout._hashed_applies,
+            fused_loss.applies,
             grid.MAX_GROUPS,
         )
 
@@ -351,7 +356,7 @@ def test_step_parts_times_each_part_within_the_step_and_puts_everything_back(
             vars(packed_attention._PackedAttention)["backward"],
             packed_attention._to_grid,
             dropout.dropout,
-            dropout._slices,
+            vars(dropout._HashedDropout)["backward"],
             qkv_side.smoothed_cross_entropy,
         )
 
@@ -365,6 +370,5 @@ def test_step_parts_times_each_part_within_the_step_and_puts_everything_back(
         assert 0 < parts[part] < step, part
     assert parts[step_parts.WEIGHT_PRODUCTS] < parts[step_parts.PRODUCTS]
     assert parts[step_parts.GRID] < parts[step_parts.ATTENTION]
-    assert parts[step_parts.RANDOM] < parts[step_parts.DROPOUT]
     assert 0 < parts[step_parts.MFU] < 100
     assert "| **whole step** |" in capsys.readouterr().out

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from qkv.compiled import allow as allow_compiled
 from qkv.data.batching import collate_texts, token_budget_batches, truncate
 from qkv.data.cache import check_same_data, load_id_lists, save_id_lists, text_digest
 from qkv.data.readers import read_labelled
@@ -298,6 +299,7 @@ def train_classification(
     run_dir.mkdir(parents=True, exist_ok=True)
     set_threads(train_config.threads)
     tune_allocator()
+    allow_compiled(train_config.compile)
     torch.use_deterministic_algorithms(train_config.deterministic)
     tokenizer, corpora, data = prepare(data, run_dir, tokenizer, train_config.seed)
     if not resume:

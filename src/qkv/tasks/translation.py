@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from qkv.compiled import allow as allow_compiled
 from qkv.data.batching import (
     PairBatch,
     bucket_inputs,
@@ -234,6 +235,7 @@ def train_translation(
     run_dir.mkdir(parents=True, exist_ok=True)
     set_threads(train_config.threads)
     tune_allocator()
+    allow_compiled(train_config.compile)
     torch.use_deterministic_algorithms(train_config.deterministic)
     tokenizer, corpora, valid_refs = prepare(data, run_dir, tokenizer, model_config.max_len)
     if not resume:

@@ -7,6 +7,7 @@ from torch import Tensor, nn
 
 from qkv.model.packing import Packing
 from qkv.model.seq2seq import Seq2SeqTransformer
+from qkv.training import fused_loss
 
 
 def nonpad_logits(
@@ -42,8 +43,11 @@ def smoothed_cross_entropy(
     """Summed label-smoothed cross-entropy: logits (M, V), labels (M,) -> scalar.
 
     Rows whose label is `ignore_index` add nothing: `bucket_loss` passes the padding id, for
-    the filler rows of a fixed-length list of targets.
+    the filler rows of a fixed-length list of targets. A big CPU training loss runs as
+    `qkv.training.fused_loss`'s compiled loops (the same values up to float rounding).
     """
+    if fused_loss.applies(logits):
+        return fused_loss.smoothed_cross_entropy(logits, labels, smoothing, ignore_index)
     return F.cross_entropy(
         logits.float(),
         labels,

@@ -1,0 +1,49 @@
+"""Small functions compiled by `torch.compile` (inductor), where eager torch is slow on the CPU.
+
+Some passes over memory run faster as one generated C++ loop than as several eager operations:
+the label-smoothed loss of a CPU training step (`qkv.training.fused_loss`). Such a function is
+compiled once per process, for inputs of any size (dynamic shapes), and first tried on a small
+example; where torch.compile cannot work here
+(no C++ compiler, for one), `compiled` warns once and the caller keeps its eager way, as it
+does while `allow(False)` (the training config's `compile=false`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+_allowed = [True]
+
+
+def allow(flag: bool) -> None:
+    """Let callers use their compiled functions (the default), or not."""
+    _allowed[0] = flag
+
+
+def allowed() -> bool:
+    """Whether callers may use their compiled functions (`allow`)."""
+    return _allowed[0]
+
+
+def compiled(fn: Callable[..., Any], *example: Any) -> Callable[..., Any] | None:
+    """`fn` compiled for any input sizes, tried once on `example`; None where that fails.
+
+    The example's sizes should be distinct and above 1 (inductor specialises sizes 0 and 1,
+    and takes equal sizes for the same size until told otherwise).
+    """
+    kernel = torch.compile(fn, dynamic=True)
+    try:
+        kernel(*example)
+    except Exception as error:  # inductor could not build or run its kernel here
+        text = str(error).strip()
+        reason = f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+        warnings.warn(
+            f"qkv: {fn.__name__} is not compiled ({reason}); the eager way is used",
+            stacklevel=2,
+        )
+        return None
+    return kernel

@@ -1,0 +1,115 @@
+"""The label-smoothed cross-entropy of a CPU training step as two compiled loops over the rows.
+
+`F.cross_entropy` with label smoothing goes over the (M, V) logits some six times in a training
+step: the log-softmax, the smoothing's sum, and in the backward the labels scattered into
+zeros, the two gradients added and the log-softmax's backward. Here `torch.compile`
+(inductor) makes one loop over the rows for each direction:
+
+- forward: each row's maximum, sum of exponentials, sum and label's logit, read while the row
+  is in cache; only the log-sum-exp per row is kept for the backward;
+- backward: softmax minus the smoothed target, times the loss's gradient, written in one pass.
+
+Compiling takes a few seconds once per process (less once inductor's cache on disk has the
+kernels), so this applies only where it pays (`applies`): on the CPU, in float32, when the
+logits need a gradient, and for at least `MIN_ELEMENTS` logits; and where torch.compile works
+(`qkv.compiled`). Elsewhere `F.cross_entropy` does the work.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from qkv.compiled import allowed, compiled
+
+MIN_ELEMENTS = 1 << 22  # logits in a step below which the eager loss is cheaper than compiling
+
+
+def applies(logits: Tensor) -> bool:
+    """Whether the compiled loss is worth its compiling for these logits (M, V), and works."""
+    return (
+        logits.device.type == "cpu"
+        and logits.dtype == torch.float32
+        and logits.dim() == 2
+        and logits.numel() >= MIN_ELEMENTS
+        and logits.requires_grad
+        and torch.is_grad_enabled()
+        and allowed()
+        and _kernels() is not None
+    )
+
+
+def smoothed_cross_entropy(
+    logits: Tensor, labels: Tensor, smoothing: float, ignore_index: int
+) -> Tensor:
+    """Summed label-smoothed cross-entropy, as `F.cross_entropy(..., reduction="sum")`, where
+    `applies`: logits (M, V) float32, labels (M,) -> scalar; rows labelled `ignore_index` add
+    nothing."""
+    loss: Tensor = _FusedLoss.apply(logits, labels, smoothing, ignore_index)
+    return loss
+
+
+class _FusedLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any, logits: Tensor, labels: Tensor, smoothing: float, ignore_index: int
+    ) -> Tensor:
+        kernels = _kernels()
+        assert kernels is not None  # `applies` checked
+        loss, lse = kernels[0](logits, labels, smoothing, ignore_index)
+        ctx.save_for_backward(logits, labels, lse)
+        ctx.smoothing, ctx.ignore_index = smoothing, ignore_index
+        return loss
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None, None]:
+        logits, labels, lse = ctx.saved_tensors
+        if not ctx.needs_input_grad[0]:
+            return None, None, None, None
+        kernels = _kernels()
+        assert kernels is not None
+        grad_logits = kernels[1](logits, labels, lse, grad, ctx.smoothing, ctx.ignore_index)
+        return grad_logits, None, None, None
+
+
+@functools.cache
+def _kernels() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
+    """The forward and backward compiled for any M and V, or None where they cannot be. The
+    example is big enough that inductor spreads the loops over the cores (it decides from the
+    first sizes it sees)."""
+    logits, labels = torch.randn(64, 2048), torch.randint(0, 2048, (64,))  # (M, V), (M,)
+    loss_and_lse = compiled(_loss_and_lse, logits, labels, 0.1, 0)
+    lse = torch.logsumexp(logits, 1, keepdim=True)  # (M, 1)
+    grad = compiled(_grad, logits, labels, lse, torch.tensor(1.0), 0.1, 0)
+    return None if loss_and_lse is None or grad is None else (loss_and_lse, grad)
+
+
+def _loss_and_lse(
+    logits: Tensor, labels: Tensor, smoothing: float, ignore_index: int
+) -> tuple[Tensor, Tensor]:
+    """logits (M, V), labels (M,) -> summed smoothed loss (), log-sum-exp (M, 1).
+
+    A row's loss: (1 − ε)(lse − x_label) + ε(lse − mean x) = lse − (1 − ε) x_label − ε mean x.
+    """
+    kept = (labels != ignore_index)[:, None]  # (M, 1)
+    label = torch.where(kept, labels[:, None], 0)  # (M, 1), in range
+    top = logits.amax(1, keepdim=True)  # (M, 1)
+    lse = (logits - top).exp().sum(1, keepdim=True).log() + top  # (M, 1)
+    mean = logits.sum(1, keepdim=True) / logits.size(1)  # (M, 1)
+    rows = lse - (1.0 - smoothing) * logits.gather(1, label) - smoothing * mean  # (M, 1)
+    return torch.where(kept, rows, 0.0).sum(), lse
+
+
+def _grad(
+    logits: Tensor, labels: Tensor, lse: Tensor, grad: Tensor, smoothing: float, ignore_index: int
+) -> Tensor:
+    """The logits' gradient (M, V): (softmax − smoothed target) × grad, 0 on ignored rows."""
+    kept = (labels != ignore_index)[:, None]  # (M, 1)
+    hit = torch.arange(logits.size(1), device=logits.device) == labels[:, None]  # (M, V)
+    uniform = smoothing / logits.size(1)
+    target = torch.where(hit, 1.0 - smoothing + uniform, uniform)  # (M, V)
+    return torch.where(kept, ((logits - lse).exp() - target) * grad, 0.0)
