@@ -13,6 +13,7 @@ from profile_decode import decode_split
 from torch.profiler import ProfilerActivity, profile
 from workload import SHAPES
 
+COMPILED = "compiled loop (inductor)"
 CATEGORIES = [
     (
         "gemm (mm/addmm/bmm, oneDNN linear)",
@@ -59,6 +60,7 @@ CATEGORIES = [
         ),
     ),
     ("optimizer (fused AdamW, foreach norms)", ("aten::_foreach", "aten::_fused_adam")),
+    ("compiled loops (hashed dropout, loss)", (COMPILED,)),
 ]
 OTHER = "other (elementwise, reductions, fills)"
 
@@ -100,14 +102,18 @@ def phase_profile(args: Any) -> dict[str, Any]:
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         step(batches[-1], record=False)
     by_category: dict[str, float] = {}
-    ops = []
+    by_op: dict[str, dict[str, Any]] = {}
     for event in prof.key_averages():
         ms = event.self_cpu_time_total / 1000.0
         if ms > 0:
-            by_category[category(event.key)] = by_category.get(category(event.key), 0.0) + ms
-            ops.append({"op": event.key, "self_ms": ms, "calls": event.count})
+            # "## Call CompiledFxGraph <hash> ##": one inductor graph, named by its hash
+            op = COMPILED if "CompiledFxGraph" in event.key else event.key
+            by_category[category(op)] = by_category.get(category(op), 0.0) + ms
+            entry = by_op.setdefault(op, {"op": op, "self_ms": 0.0, "calls": 0})
+            entry["self_ms"] += ms
+            entry["calls"] += event.count
     total = sum(by_category.values()) or 1.0
-    ops.sort(key=lambda o: -o["self_ms"])
+    ops = sorted(by_op.values(), key=lambda o: -o["self_ms"])
     return {
         "system": args.system,
         "params": params(system),
