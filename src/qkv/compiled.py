@@ -1,11 +1,11 @@
 """Small functions compiled by `torch.compile` (inductor), where eager torch is slow on the CPU.
 
 Some passes over memory run faster as one generated C++ loop than as several eager operations:
-the label-smoothed loss of a CPU training step (`qkv.training.fused_loss`). Such a function is
-compiled once per process, for inputs of any size (dynamic shapes), and first tried on a small
-example; where torch.compile cannot work here
-(no C++ compiler, for one), `compiled` warns once and the caller keeps its eager way, as it
-does while `allow(False)` (the training config's `compile=false`).
+dropout with its masks hashed in the loop (`qkv.model.dropout`) and the label-smoothed loss
+(`qkv.training.fused_loss`) of a CPU training step. Such a function is compiled once per
+process, for inputs of any size (dynamic shapes), and first run on an example. Where
+torch.compile cannot work here (no C++ compiler, for one), `compiled` warns once and the caller
+keeps its eager way, as it does while `allow(False)` (the training config's `compile=false`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ def compiled(fn: Callable[..., Any], *example: Any) -> Callable[..., Any] | None
     """`fn` compiled for any input sizes, tried once on `example`; None where that fails.
 
     The example's sizes should be distinct and above 1 (inductor specialises sizes 0 and 1,
-    and takes equal sizes for the same size until told otherwise).
+    and takes equal sizes for the same size until told otherwise), and as large as the work
+    it stands for: inductor decides from them whether to spread a loop over the cores.
     """
     kernel = torch.compile(fn, dynamic=True)
     try:
