@@ -112,6 +112,11 @@ def _slices_by_modulo(shape: torch.Size, device: torch.device | None) -> torch.T
     return bits.view(torch.int16)[:count].view(shape)
 
 
+def _hashed_off() -> Any:
+    """Dropout's words from torch's generator, not hashed in the compiled loop."""
+    return _swapped(qkv_dropout, _hashed_applies=_never)
+
+
 _OFF: dict[str, Callable[[], Any]] = {
     "linear": lambda: _swapped(qkv_linear, _applies=_never),
     # every sentence counts as long: the fused kernel
@@ -122,14 +127,14 @@ _OFF: dict[str, Callable[[], Any]] = {
     "grouped": lambda: _swapped(qkv_grid, MAX_GROUPS=1),
     "draws": lambda: _swapped(qkv_dropout, _slices=_slices_by_modulo),
     "loss": lambda: _swapped(qkv_fused_loss, applies=_never),
-    "hashed": lambda: _swapped(qkv_dropout, _hashed_applies=_never),
+    "hashed": _hashed_off,
 }
 
 
 # What both ways do for a change that concerns a path qkv no longer takes by default.
 _BOTH: dict[str, Callable[[], Any]] = {
-    "dropout": lambda: _swapped(qkv_dropout, _hashed_applies=_never),
-    "draws": lambda: _swapped(qkv_dropout, _hashed_applies=_never),
+    "dropout": _hashed_off,
+    "draws": _hashed_off,
 }
 
 

@@ -1,12 +1,14 @@
-"""Picking the device a run or a model loaded from one works on."""
+"""Picking the device a run or a model loaded from one works on, and a run's process settings."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from qkv.compiled import allowed
 from qkv.errors import ConfigError
-from qkv.training.speed import pick_device
+from qkv.training.config import TrainConfig
+from qkv.training.speed import pick_device, set_up_process
 
 
 def test_auto_and_cpu() -> None:
@@ -36,3 +38,16 @@ def test_a_gpu_beyond_those_torch_sees_is_refused(monkeypatch: pytest.MonkeyPatc
     assert pick_device("cuda") == torch.device("cuda")
     with pytest.raises(ConfigError, match=r"device=cuda:2, but torch sees 2 CUDA device\(s\)"):
         pick_device("cuda:2")
+
+
+def test_set_up_process_applies_a_runs_threads_compiling_and_determinism() -> None:
+    threads = torch.get_num_threads()
+    try:
+        set_up_process(TrainConfig(threads=1, compile=False, deterministic=True))
+        assert torch.get_num_threads() == 1
+        assert not allowed()
+        assert torch.are_deterministic_algorithms_enabled()
+    finally:
+        set_up_process(TrainConfig(threads=threads))
+    assert torch.get_num_threads() == threads and allowed()
+    assert not torch.are_deterministic_algorithms_enabled()

@@ -13,7 +13,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from qkv.compiled import allow as allow_compiled
 from qkv.data.batching import collate_texts, token_budget_batches, truncate
 from qkv.data.cache import check_same_data, load_id_lists, save_id_lists, text_digest
 from qkv.data.readers import read_labelled
@@ -30,7 +29,7 @@ from qkv.run import (
     load_tokenizer,
 )
 from qkv.training.config import TrainConfig
-from qkv.training.speed import pick_device, set_threads, tune_allocator
+from qkv.training.speed import pick_device, set_up_process
 from qkv.training.trainer import Progress, Trainer
 from qkv.viz.curves import write_curves
 
@@ -297,10 +296,7 @@ def train_classification(
         data.valid_file = os.path.abspath(data.valid_file) if data.valid_file else ""
     device = pick_device(train_config.device)  # before any work: a missing GPU fails first
     run_dir.mkdir(parents=True, exist_ok=True)
-    set_threads(train_config.threads)
-    tune_allocator()
-    allow_compiled(train_config.compile)
-    torch.use_deterministic_algorithms(train_config.deterministic)
+    set_up_process(train_config)
     tokenizer, corpora, data = prepare(data, run_dir, tokenizer, train_config.seed)
     if not resume:
         fields: dict[str, Any] = {

@@ -10,7 +10,6 @@ from typing import Any
 
 import torch
 
-from qkv.compiled import allow as allow_compiled
 from qkv.data.batching import (
     PairBatch,
     bucket_inputs,
@@ -30,7 +29,7 @@ from qkv.model.seq2seq import Seq2SeqTransformer
 from qkv.run import TOKENIZER_FILE, RunConfig, build_model, data_settings, load_tokenizer
 from qkv.training.config import TrainConfig
 from qkv.training.losses import bucket_loss, nonpad_logits, smoothed_cross_entropy
-from qkv.training.speed import pick_device, set_threads, tune_allocator
+from qkv.training.speed import pick_device, set_up_process
 from qkv.training.trainer import Progress, Trainer
 from qkv.viz.curves import write_curves
 
@@ -233,10 +232,7 @@ def train_translation(
             raise ConfigError("translation needs a decoder: n_decoder_layers must be 1 or more")
     device = pick_device(train_config.device)  # before any work: a missing GPU fails first
     run_dir.mkdir(parents=True, exist_ok=True)
-    set_threads(train_config.threads)
-    tune_allocator()
-    allow_compiled(train_config.compile)
-    torch.use_deterministic_algorithms(train_config.deterministic)
+    set_up_process(train_config)
     tokenizer, corpora, valid_refs = prepare(data, run_dir, tokenizer, model_config.max_len)
     if not resume:
         model_config = _with_vocab(model_config, tokenizer.vocab_size)

@@ -66,10 +66,8 @@ class _FusedLoss(torch.autograd.Function):
         return loss
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None, None]:
-        logits, labels, lse = ctx.saved_tensors
-        if not ctx.needs_input_grad[0]:
-            return None, None, None, None
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
+        logits, labels, lse = ctx.saved_tensors  # the logits need a gradient: `applies`
         kernels = _kernels()
         assert kernels is not None
         grad_logits = kernels[1](logits, labels, lse, grad, ctx.smoothing, ctx.ignore_index)

@@ -8,7 +8,9 @@ import os
 
 import torch
 
+from qkv.compiled import allow
 from qkv.errors import ConfigError
+from qkv.training.config import TrainConfig
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 
@@ -30,6 +32,15 @@ def tune_allocator() -> bool:
     except (OSError, AttributeError):
         return False
     return bool(ok_mmap and ok_trim)
+
+
+def set_up_process(config: TrainConfig) -> None:
+    """A training run's process-wide settings: torch's threads, glibc's allocator, compiled
+    loops on or off (`compile`) and deterministic algorithms (`deterministic`)."""
+    set_threads(config.threads)
+    tune_allocator()
+    allow(config.compile)
+    torch.use_deterministic_algorithms(config.deterministic)
 
 
 def set_threads(threads: int) -> None:
