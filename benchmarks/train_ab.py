@@ -26,7 +26,9 @@ AdamW, `tune_allocator`). The "off" way undoes one change (`--change`):
   instead of SplitMix64's words hashed from one seed inside a compiled loop, twice
   (`qkv.model.dropout._HashedDropout`);
 - `loss`: `F.cross_entropy` instead of the label-smoothed loss's two compiled kernels
-  (`qkv.training.fused_loss`).
+  (`qkv.training.fused_loss`);
+- `ffn`: the feed-forward network's first linear layer, ReLU and dropout as three layers
+  instead of one step each way (`qkv.model.fused_ffn`).
 
 Prints the target tokens per second of each way, their ratio, the median ratio of paired
 steps, and each way's last loss (equal up to float rounding).
@@ -51,6 +53,7 @@ from workload import SHAPES
 
 import qkv.model.attention as qkv_attention
 import qkv.model.dropout as qkv_dropout
+import qkv.model.fused_ffn as qkv_fused_ffn
 import qkv.model.grid as qkv_grid
 import qkv.model.linear as qkv_linear
 import qkv.model.packed_attention as qkv_packed_attention
@@ -67,6 +70,7 @@ CHANGES = {
     "grouped": "attention grouped by sentence length (off: one group, padded to the longest)",
     "draws": "dropout's words over the full 64-bit range (off: a range one short, a modulo)",
     "loss": "the smoothed loss as two compiled kernels (off: F.cross_entropy)",
+    "ffn": "the first linear layer, ReLU and dropout as one step each way (off: three layers)",
     "hashed": "dropout hashed in a compiled loop (off: torch's words, a kept multiplier)",
 }
 
@@ -118,7 +122,7 @@ def _hashed_off() -> Any:
 
 
 _OFF: dict[str, Callable[[], Any]] = {
-    "linear": lambda: _swapped(qkv_linear, _applies=_never),
+    "linear": lambda: _swapped(qkv_linear, applies=_never),
     # every sentence counts as long: the fused kernel
     "attention": lambda: _swapped(qkv_packed_attention, SHORT=-1),
     "optimizer": nullcontext,  # the off way differs in its optimiser alone
@@ -128,6 +132,7 @@ _OFF: dict[str, Callable[[], Any]] = {
     "draws": lambda: _swapped(qkv_dropout, _slices=_slices_by_modulo),
     "loss": lambda: _swapped(qkv_fused_loss, applies=_never),
     "hashed": _hashed_off,
+    "ffn": lambda: _swapped(qkv_fused_ffn, applies=_never),
 }
 
 

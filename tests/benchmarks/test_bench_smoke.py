@@ -298,6 +298,7 @@ def test_qkv_gpu_training_step_trains_like_the_generic_step(bench: object) -> No
         ("draws", []),
         ("hashed", []),
         ("loss", []),
+        ("ffn", []),
     ],
 )
 def test_train_ab_trains_both_ways_and_puts_everything_back(
@@ -307,6 +308,7 @@ def test_train_ab_trains_both_ways_and_puts_everything_back(
 
     import qkv.model.attention as attention
     import qkv.model.dropout as dropout
+    import qkv.model.fused_ffn as fused_ffn
     import qkv.model.grid as grid
     import qkv.model.linear as linear
     import qkv.model.packed_attention as packed_attention
@@ -315,7 +317,7 @@ def test_train_ab_trains_both_ways_and_puts_everything_back(
 
     def switches() -> tuple[object, ...]:
         return (
-            linear._applies,
+            linear.applies,
             packed_attention.SHORT,
             packing.padded_rows,
             attention.packed_attention_applies,
@@ -323,6 +325,7 @@ def test_train_ab_trains_both_ways_and_puts_everything_back(
             dropout._slices,
             dropout._hashed_applies,
             fused_loss.applies,
+            fused_ffn.applies,
             grid.MAX_GROUPS,
         )
 

@@ -120,3 +120,17 @@ def test_frozen_copy_shares_the_parameters_and_leaves_the_module_as_it_was() -> 
     assert _layers(decoder, Linear) == linears and not _layers(decoder, FrozenLinear)
     assert [id(p) for p in frozen.parameters()] == [id(p) for p in decoder.parameters()]
     assert frozen.training is decoder.training is False
+
+
+@pytest.mark.parametrize("rows", [64, 3])
+def test_frozen_linear_with_relu_equals_the_layer_then_relu(rows: int) -> None:
+    torch.manual_seed(0)
+    layer = nn.Linear(32, 300)
+    frozen = FrozenLinear(layer, rows)
+    x = torch.randn(rows, 1, 32)
+    with torch.inference_mode():
+        out = frozen(x, relu=True)
+        torch.testing.assert_close(out, torch.relu(layer(x)), rtol=1e-5, atol=1e-5)
+        assert bool((out == 0).any()) and bool((out >= 0).all())
+    with_autograd = FrozenLinear(layer, rows)(x, relu=True)  # the unfrozen way
+    torch.testing.assert_close(with_autograd, torch.relu(layer(x)), rtol=1e-5, atol=1e-5)

@@ -49,12 +49,15 @@ class FrozenLinear(nn.Module):
         """The layer's own (out, in) weight, for code that slices it."""
         return self.linear.weight
 
-    def forward(self, x: Tensor) -> Tensor:
-        """x (..., in) -> (..., out)."""
+    def forward(self, x: Tensor, relu: bool = False) -> Tensor:
+        """x (..., in) -> (..., out); with `relu`, followed by a ReLU (applied by oneDNN as it
+        writes the product, where the weight is reordered)."""
         blocked = self._blocked() if _applies(x) and not torch.is_grad_enabled() else None
         if blocked is None:
-            return linear(x, self.linear.weight, self.linear.bias)  # (..., out)
-        return torch.ops.mkldnn._linear_pointwise(x, blocked, self.bias, "none", [], "")
+            out = linear(x, self.linear.weight, self.linear.bias)  # (..., out)
+            return torch.relu(out) if relu else out
+        activation = "relu" if relu else "none"
+        return torch.ops.mkldnn._linear_pointwise(x, blocked, self.bias, activation, [], "")
 
     def part(self, start: int, stop: int) -> FrozenLinear:
         """The layer of output rows [start, stop) of this one (e.g. the query rows of a packed

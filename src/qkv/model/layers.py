@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from qkv.model import fused_ffn
 from qkv.model.attention import MultiHeadAttention
 from qkv.model.dropout import Dropout
+from qkv.model.frozen_linear import FrozenLinear
 from qkv.model.kv_cache import SelfAttentionCache
 from qkv.model.linear import Linear
 from qkv.model.packing import Packing
@@ -30,7 +32,13 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x (..., D) -> (..., D), position by position."""
-        return self.linear2(self.dropout(self.activation(self.linear1(x))))  # (..., D)
+        first, relu, p = self.linear1, isinstance(self.activation, nn.ReLU), self.dropout.p
+        if isinstance(first, FrozenLinear) and relu:  # decoding: the ReLU applied by oneDNN
+            return self.linear2(self.dropout(first(x, relu=True)))  # (..., D)
+        if self.training and relu and fused_ffn.applies(x, first.weight, first.bias, p):
+            # the first linear layer, ReLU and dropout as one step each way (`fused_ffn.py`)
+            return self.linear2(fused_ffn.linear_relu_dropout(x, first.weight, first.bias, p))
+        return self.linear2(self.dropout(self.activation(first(x))))  # (..., D)
 
 
 class EncoderLayer(nn.Module):

@@ -33,7 +33,7 @@ class Linear(nn.Linear):
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """x (..., in), weight (out, in), bias (out,) -> x Wᵀ + b (..., out), as `F.linear`."""
-    if not _applies(x, weight, bias):
+    if not applies(x, weight, bias):
         return F.linear(x, weight, bias)
     out: Tensor = _OneDNNLinear.apply(x, weight, bias)
     return out
@@ -102,13 +102,17 @@ def _padded(rows: Tensor) -> Tensor:
     return padded
 
 
-def _product(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """x (m, k) times weight (n, k) transposed, plus bias (n,), in oneDNN -> (m, n)."""
-    out: Tensor = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+def _product(
+    x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: str = "none"
+) -> Tensor:
+    """x (m, k) times weight (n, k) transposed, plus bias (n,), in oneDNN -> (m, n); with
+    `activation` "relu", the ReLU applied as the product is written."""
+    out: Tensor = torch.ops.mkldnn._linear_pointwise(x, weight, bias, activation, [], "")
     return out
 
 
-def _applies(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
+def applies(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
+    """Whether `linear` goes to oneDNN for these operands."""
     return (
         x.device.type == "cpu"
         and x.dtype == weight.dtype == torch.float32

@@ -1,0 +1,104 @@
+"""The feed-forward network's first half, Linear -> ReLU -> dropout, as one step each way.
+
+In training on the CPU the three are otherwise three passes over the (M, F) hidden rows forward
+(the product, the ReLU, the dropout) and three backward (the dropout's mask made again, the
+ReLU's, the product), and both the ReLU's output and the dropout's are kept for the backward.
+Here:
+
+- forward: oneDNN applies the ReLU to the product as it writes it (a post-op), and the hashed
+  dropout (`qkv.model.dropout`) makes one pass over the result;
+- backward: the gradient of the product is grad * where(out > 0, scale, 0), one pass over the
+  kept output alone. An element is kept and positive exactly where the output is positive
+  (a kept element is the ReLU's output times scale > 1; a dropped one is 0, as is the ReLU's
+  output where the product is not positive), so neither the mask nor the ReLU's output is
+  needed again: only the output, which the second linear layer keeps anyway, is stored.
+
+The masks are those of `Dropout` from the same draws (one seed per call, from torch's
+generator), and the numbers those of the three layers up to float rounding (tested).
+It applies where both halves would go their fast way (`applies`): a CPU, float32, oneDNN,
+hidden rows of at least `HASHED_MIN` elements and compiled loops allowed; elsewhere the
+caller runs the three layers as they are. Both halves are looked up in their modules at
+each call, so that switching one off there (`benchmarks/train_ab.py`) switches this off too.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from qkv.compiled import compiled
+from qkv.model import dropout as hashed
+from qkv.model import linear as onednn
+
+_LEVELS = 1 << 16
+
+
+def applies(x: Tensor, weight: Tensor, bias: Tensor | None, p: float) -> bool:
+    """Whether `linear_relu_dropout` takes its fused way for x (..., D) and weight (F, D)."""
+    if not (torch.is_grad_enabled() and onednn.applies(x, weight, bias)):
+        return False
+    if not 0 < hashed.dropped_levels(p) < _LEVELS:
+        return False
+    hidden = x.new_empty(()).expand(x.numel() // x.size(-1) * weight.size(0))  # no memory
+    return hashed._hashed_applies(hidden) and _mask_kernel() is not None
+
+
+def linear_relu_dropout(x: Tensor, weight: Tensor, bias: Tensor | None, p: float) -> Tensor:
+    """dropout(relu(x Wᵀ + b), p) for x (..., D), weight (F, D), bias (F,) -> (..., F).
+
+    Only where `applies` holds; otherwise compose `linear`, `relu` and `dropout`.
+    """
+    levels = hashed.dropped_levels(p)
+    scale = _LEVELS / (_LEVELS - levels)  # 1 / keep probability, as `dropout`'s
+    out: Tensor = _LinearReluDropout.apply(x, weight, bias, levels, scale)
+    return out
+
+
+class _LinearReluDropout(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None, levels: int, scale: float
+    ) -> Tensor:
+        rows = onednn._padded(x.reshape(-1, x.size(-1)))  # (M', D)
+        hidden = onednn._product(rows, weight, bias, "relu")  # (M', F)
+        seed = torch.empty((), dtype=torch.int64).random_(-(1 << 63), None)  # as `dropout`'s
+        out = hashed._hashed(hidden, seed, levels, scale)  # (M', F)
+        ctx.save_for_backward(rows, weight, out)
+        ctx.has_bias, ctx.shape, ctx.scale = bias is not None, x.shape, scale
+        count = x.numel() // x.size(-1)
+        return out[:count].view(*x.shape[:-1], weight.size(0))  # (..., F)
+
+    @staticmethod
+    def backward(
+        ctx: Any, grad: Tensor
+    ) -> tuple[Tensor | None, Tensor | None, Tensor | None, None, None]:
+        rows, weight, out = ctx.saved_tensors  # (M', D), (F, D), (M', F)
+        kernel = _mask_kernel()
+        assert kernel is not None  # `applies` checked
+        padded = onednn._padded(grad.reshape(-1, grad.size(-1)))  # (M', F), zeros below the M rows
+        product_grad: Tensor = kernel(padded, out, ctx.scale)  # (M', F)
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            count = ctx.shape.numel() // ctx.shape[-1]
+            grad_x = onednn._product(product_grad, weight.t())[:count].view(ctx.shape)  # (..., D)
+        if ctx.needs_input_grad[1]:
+            grad_w = onednn._weight_grad(product_grad, rows)  # (F, D)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = product_grad.sum(dim=0)  # (F,); the padding rows are zeros
+        return grad_x, grad_w, grad_b, None, None
+
+
+def relu_dropout_grad(grad: Tensor, out: Tensor, scale: float) -> Tensor:
+    """The gradient of the product under ReLU and dropout: grad where out > 0, times scale."""
+    return grad * torch.where(out > 0, scale, 0.0)
+
+
+@functools.cache
+def _mask_kernel() -> Callable[..., Any] | None:
+    """`relu_dropout_grad` compiled (see `qkv.compiled`), or None where it cannot be."""
+    example = torch.zeros(hashed.HASHED_MIN // 1024, 1024)
+    return compiled(relu_dropout_grad, example, example, 1.0)
