@@ -51,3 +51,28 @@ def test_allow_switches_compiled_functions_off_and_on(restored: None) -> None:
     assert not allowed()
     allow(True)
     assert allowed()
+
+
+def test_tensors_that_need_gradients_are_run_detached_without_compiling_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The callers hand in activations that require gradients; a compile for those (or for
+    autograd on) besides the example's would cost seconds at the first training step."""
+    compiles: list[int] = []
+    compile_for_real = torch.compile
+
+    def counting(fn: Any, **kwargs: Any) -> Any:
+        def backend(graph: Any, inputs: Any) -> Any:
+            compiles.append(1)
+            return graph.forward
+
+        return compile_for_real(fn, backend=backend, **kwargs)
+
+    monkeypatch.setattr(qkv.compiled.torch, "compile", counting)
+    kernel = compiled(_scaled_sum, torch.randn(6, 10), 2.0)
+    assert kernel is not None and compiles == [1]
+    x = torch.randn(5, 9, requires_grad=True)
+    out = kernel(x, 2.0)
+    assert not out.requires_grad
+    torch.testing.assert_close(out, _scaled_sum(x.detach(), 2.0))
+    assert compiles == [1]

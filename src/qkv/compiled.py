@@ -34,11 +34,22 @@ def compiled(fn: Callable[..., Any], *example: Any) -> Callable[..., Any] | None
 
     The example's sizes should be distinct and above 1 (inductor specialises sizes 0 and 1,
     and takes equal sizes for the same size until told otherwise), and as large as the work
-    it stands for: inductor decides from them whether to spread a loop over the cores.
+    it stands for: inductor decides from them whether to spread a loop over the cores. Its
+    tensors should be distinct objects, as the caller's will be (one tensor passed twice is
+    compiled for that aliasing, and the first real call compiles again).
+
+    The callers are the forward and backward functions of `torch.autograd.Function`s: the
+    function returned runs `fn` with autograd off and its tensors detached, the example's
+    too, since a change of grad mode or of a tensor's `requires_grad` compiles again.
     """
     kernel = torch.compile(fn, dynamic=True)
+
+    def run(*args: Any) -> Any:
+        with torch.no_grad():
+            return kernel(*(a.detach() if isinstance(a, torch.Tensor) else a for a in args))
+
     try:
-        kernel(*example)
+        run(*example)
     except Exception as error:  # inductor could not build or run its kernel here
         text = str(error).strip()
         reason = f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
@@ -47,4 +58,4 @@ def compiled(fn: Callable[..., Any], *example: Any) -> Callable[..., Any] | None
             stacklevel=2,
         )
         return None
-    return kernel
+    return run

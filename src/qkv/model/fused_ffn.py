@@ -100,5 +100,5 @@ def relu_dropout_grad(grad: Tensor, out: Tensor, scale: float) -> Tensor:
 @functools.cache
 def _mask_kernel() -> Callable[..., Any] | None:
     """`relu_dropout_grad` compiled (see `qkv.compiled`), or None where it cannot be."""
-    example = torch.zeros(hashed.HASHED_MIN // 1024, 1024)
-    return compiled(relu_dropout_grad, example, example, 1.0)
+    grad, out = (torch.zeros(hashed.HASHED_MIN // 1024, 1024) for _ in range(2))
+    return compiled(relu_dropout_grad, grad, out, 1.0)
