@@ -24,6 +24,7 @@ from phases import PartTimers, build, n_targets, params, train_batches
 from workload import SHAPES
 
 import qkv.model.dropout as qkv_dropout
+import qkv.model.fused_ffn as qkv_fused_ffn
 import qkv.model.linear as qkv_linear
 import qkv.model.packed_attention as qkv_packed_attention
 from qkv.training.speed import tune_allocator
@@ -37,8 +38,11 @@ TRANSPOSES = "weight gradients' transposed copies"
 ATTENTION = "attention, forward and backward"
 GRID = "  of which rows into and out of the grid"
 DROPOUT = "dropout, forward and backward"
+FUSED_FFN = "feed-forward's fused ReLU-and-dropout passes, forward and backward"
 LOSS = "loss, forward and backward"
-PARTS = (PRODUCTS, WEIGHT_PRODUCTS, TRANSPOSES, ATTENTION, GRID, DROPOUT, LOSS)
+PARTS = (PRODUCTS, WEIGHT_PRODUCTS, TRANSPOSES, ATTENTION, GRID, DROPOUT, FUSED_FFN, LOSS)
+ONLY_WHERE_HASHED = (FUSED_FFN,)
+"""Parts that a model too small for hashed dropout (`--shape tiny`) never runs."""
 
 
 def timers() -> PartTimers:
@@ -52,6 +56,8 @@ def timers() -> PartTimers:
         clock.wrap(qkv_packed_attention, name, GRID)
     clock.wrap(qkv_dropout, "dropout", DROPOUT)
     clock.wrap(qkv_dropout._HashedDropout, "backward", DROPOUT)  # torch's words: autograd's
+    clock.wrap(qkv_fused_ffn, "_dropout_pass", FUSED_FFN)  # its products: PRODUCTS
+    clock.wrap(qkv_fused_ffn, "_gradient_pass", FUSED_FFN)
     return clock
 
 

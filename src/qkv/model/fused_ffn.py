@@ -65,8 +65,7 @@ class _LinearReluDropout(torch.autograd.Function):
     ) -> Tensor:
         rows = onednn._padded(x.reshape(-1, x.size(-1)))  # (M', D)
         hidden = onednn._product(rows, weight, bias, "relu")  # (M', F)
-        seed = torch.empty((), dtype=torch.int64).random_(-(1 << 63), None)  # as `dropout`'s
-        out = hashed._hashed(hidden, seed, levels, scale)  # (M', F)
+        out = _dropout_pass(hidden, levels, scale)  # (M', F)
         ctx.save_for_backward(rows, weight, out)
         ctx.has_bias, ctx.shape, ctx.scale = bias is not None, x.shape, scale
         count = x.numel() // x.size(-1)
@@ -77,10 +76,8 @@ class _LinearReluDropout(torch.autograd.Function):
         ctx: Any, grad: Tensor
     ) -> tuple[Tensor | None, Tensor | None, Tensor | None, None, None]:
         rows, weight, out = ctx.saved_tensors  # (M', D), (F, D), (M', F)
-        kernel = _mask_kernel()
-        assert kernel is not None  # `applies` checked
         padded = onednn._padded(grad.reshape(-1, grad.size(-1)))  # (M', F), zeros below the M rows
-        product_grad: Tensor = kernel(padded, out, ctx.scale)  # (M', F)
+        product_grad = _gradient_pass(padded, out, ctx.scale)  # (M', F)
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
             count = ctx.shape.numel() // ctx.shape[-1]
@@ -90,6 +87,20 @@ class _LinearReluDropout(torch.autograd.Function):
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = product_grad.sum(dim=0)  # (F,); the padding rows are zeros
         return grad_x, grad_w, grad_b, None, None
+
+
+def _dropout_pass(hidden: Tensor, levels: int, scale: float) -> Tensor:
+    """The ReLU's output (M', F) through the hashed dropout, its seed drawn as `dropout` does."""
+    seed = torch.empty((), dtype=torch.int64).random_(-(1 << 63), None)
+    return hashed._hashed(hidden, seed, levels, scale)
+
+
+def _gradient_pass(grad: Tensor, out: Tensor, scale: float) -> Tensor:
+    """The product's gradient (M', F) from the output's, by the compiled `relu_dropout_grad`."""
+    kernel = _mask_kernel()
+    assert kernel is not None  # `applies` checked
+    product_grad: Tensor = kernel(grad, out, scale)
+    return product_grad
 
 
 def relu_dropout_grad(grad: Tensor, out: Tensor, scale: float) -> Tensor:
