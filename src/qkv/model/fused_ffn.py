@@ -34,14 +34,12 @@ from qkv.compiled import compiled
 from qkv.model import dropout as hashed
 from qkv.model import linear as onednn
 
-_LEVELS = 1 << 16
-
 
 def applies(x: Tensor, weight: Tensor, bias: Tensor | None, p: float) -> bool:
     """Whether `linear_relu_dropout` takes its fused way for x (..., D) and weight (F, D)."""
     if not (torch.is_grad_enabled() and onednn.applies(x, weight, bias)):
         return False
-    if not 0 < hashed.dropped_levels(p) < _LEVELS:
+    if not 0 < hashed.dropped_levels(p) < hashed._LEVELS:
         return False
     hidden = x.new_empty(()).expand(x.numel() // x.size(-1) * weight.size(0))  # no memory
     return hashed._hashed_applies(hidden) and _mask_kernel() is not None
@@ -53,7 +51,7 @@ def linear_relu_dropout(x: Tensor, weight: Tensor, bias: Tensor | None, p: float
     Only where `applies` holds; otherwise compose `linear`, `relu` and `dropout`.
     """
     levels = hashed.dropped_levels(p)
-    scale = _LEVELS / (_LEVELS - levels)  # 1 / keep probability, as `dropout`'s
+    scale = hashed._LEVELS / (hashed._LEVELS - levels)  # 1 / keep probability, as `dropout`'s
     out: Tensor = _LinearReluDropout.apply(x, weight, bias, levels, scale)
     return out
 
