@@ -56,7 +56,7 @@ def dropout(x: Tensor, p: float) -> Tensor:
         return x
     if levels == _LEVELS:
         return x * 0.0
-    scale = _LEVELS / (_LEVELS - levels)  # 1 / keep probability
+    scale = _scale(levels)
     if _hashed_applies(x):
         out: Tensor = _HashedDropout.apply(x, levels, scale)
         return out
@@ -80,6 +80,16 @@ def _threshold(p: float) -> int:
     return dropped_levels(p) - _LEVELS // 2
 
 
+def _scale(levels: int) -> float:
+    """1 / keep probability: what kept elements are multiplied by."""
+    return _LEVELS / (_LEVELS - levels)
+
+
+def _draw_seed() -> Tensor:
+    """A 0-dim int64 seed for the hashed words, drawn from torch's generator."""
+    return torch.empty((), dtype=torch.int64).random_(-(1 << 63), None)
+
+
 def _hashed_applies(x: Tensor) -> bool:
     return (
         x.device.type == "cpu"
@@ -96,7 +106,7 @@ class _HashedDropout(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, levels: int, scale: float) -> Tensor:
-        seed = torch.empty((), dtype=torch.int64).random_(-(1 << 63), None)  # from torch's
+        seed = _draw_seed()
         ctx.save_for_backward(seed)
         ctx.levels, ctx.scale = levels, scale
         return _hashed(x, seed, levels, scale)

@@ -51,8 +51,7 @@ def linear_relu_dropout(x: Tensor, weight: Tensor, bias: Tensor | None, p: float
     Only where `applies` holds; otherwise compose `linear`, `relu` and `dropout`.
     """
     levels = hashed.dropped_levels(p)
-    scale = hashed._LEVELS / (hashed._LEVELS - levels)  # 1 / keep probability, as `dropout`'s
-    out: Tensor = _LinearReluDropout.apply(x, weight, bias, levels, scale)
+    out: Tensor = _LinearReluDropout.apply(x, weight, bias, levels, hashed._scale(levels))
     return out
 
 
@@ -76,21 +75,12 @@ class _LinearReluDropout(torch.autograd.Function):
         rows, weight, out = ctx.saved_tensors  # (M', D), (F, D), (M', F)
         padded = onednn._padded(grad.reshape(-1, grad.size(-1)))  # (M', F), zeros below the M rows
         product_grad = _gradient_pass(padded, out, ctx.scale)  # (M', F)
-        grad_x = grad_w = grad_b = None
-        if ctx.needs_input_grad[0]:
-            count = ctx.shape.numel() // ctx.shape[-1]
-            grad_x = onednn._product(product_grad, weight.t())[:count].view(ctx.shape)  # (..., D)
-        if ctx.needs_input_grad[1]:
-            grad_w = onednn._weight_grad(product_grad, rows)  # (F, D)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_b = product_grad.sum(dim=0)  # (F,); the padding rows are zeros
-        return grad_x, grad_w, grad_b, None, None
+        return *onednn._grads(product_grad, rows, weight, ctx), None, None
 
 
 def _dropout_pass(hidden: Tensor, levels: int, scale: float) -> Tensor:
     """The ReLU's output (M', F) through the hashed dropout, its seed drawn as `dropout` does."""
-    seed = torch.empty((), dtype=torch.int64).random_(-(1 << 63), None)
-    return hashed._hashed(hidden, seed, levels, scale)
+    return hashed._hashed(hidden, hashed._draw_seed(), levels, scale)
 
 
 def _gradient_pass(grad: Tensor, out: Tensor, scale: float) -> Tensor:

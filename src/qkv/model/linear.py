@@ -51,16 +51,30 @@ class _OneDNNLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
         inputs, weight = ctx.saved_tensors  # (M', in), (out, in)
-        rows = grad.reshape(-1, grad.size(-1))  # (M, out)
-        padded = _padded(rows)  # (M', out)
-        grad_x = grad_w = grad_b = None
-        if ctx.needs_input_grad[0]:
-            grad_x = _product(padded, weight.t())[: len(rows)].view(ctx.shape)
-        if ctx.needs_input_grad[1]:
-            grad_w = _weight_grad(padded, inputs)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_b = rows.sum(dim=0)  # (out,)
-        return grad_x, grad_w, grad_b
+        padded = _padded(grad.reshape(-1, grad.size(-1)))  # (M', out)
+        return _grads(padded, inputs, weight, ctx)
+
+
+def _grads(
+    grad: Tensor, inputs: Tensor, weight: Tensor, ctx: Any
+) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """The gradients of a product's input, weight and bias, those `ctx` asks for.
+
+    Args:
+        grad: the product's gradient at the padded rows (M', out), zeros below the M real ones.
+        inputs: the padded rows the forward multiplied (M', in); weight: (out, in).
+        ctx: an autograd context with `needs_input_grad` (input, weight, bias first), `shape`
+            (the input's) and `has_bias`.
+    """
+    grad_x = grad_w = grad_b = None
+    if ctx.needs_input_grad[0]:
+        count = ctx.shape.numel() // ctx.shape[-1]
+        grad_x = _product(grad, weight.t())[:count].view(ctx.shape)  # (..., in)
+    if ctx.needs_input_grad[1]:
+        grad_w = _weight_grad(grad, inputs)  # (out, in)
+    if ctx.has_bias and ctx.needs_input_grad[2]:
+        grad_b = grad.sum(dim=0)  # (out,); the padding rows add zeros
+    return grad_x, grad_w, grad_b
 
 
 def _weight_grad(grad: Tensor, inputs: Tensor) -> Tensor:
