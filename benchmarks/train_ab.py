@@ -28,7 +28,9 @@ AdamW, `tune_allocator`). The "off" way undoes one change (`--change`):
 - `loss`: `F.cross_entropy` instead of the label-smoothed loss's two compiled kernels
   (`qkv.training.fused_loss`);
 - `ffn`: the feed-forward network's first linear layer, ReLU and dropout as three layers
-  instead of one step each way (`qkv.model.fused_ffn`).
+  instead of one step each way (`qkv.model.fused_ffn`);
+- `transpose`: the operand that the weights' gradients take transposed copied by eager torch
+  instead of a compiled loop (`qkv.model.linear.transposed`).
 
 Prints the target tokens per second of each way, their ratio, the median ratio of paired
 steps, and each way's last loss (equal up to float rounding).
@@ -72,6 +74,7 @@ CHANGES = {
     "loss": "the smoothed loss as two compiled kernels (off: F.cross_entropy)",
     "ffn": "the first linear layer, ReLU and dropout as one step each way (off: three layers)",
     "hashed": "dropout hashed in a compiled loop (off: torch's words, a kept multiplier)",
+    "transpose": "weight gradients' operands transposed in a compiled loop (off: eager copies)",
 }
 
 
@@ -133,6 +136,7 @@ _OFF: dict[str, Callable[[], Any]] = {
     "loss": lambda: _swapped(qkv_fused_loss, applies=_never),
     "hashed": _hashed_off,
     "ffn": lambda: _swapped(qkv_fused_ffn, applies=_never),
+    "transpose": lambda: _swapped(qkv_linear, transposed=_eager_transpose),
 }
 
 
@@ -209,6 +213,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"last loss {losses['on']:.4f} and {losses['off']:.4f}"
     )
     return {"tokens_per_s": rate, "median_pair_ratio": pairs, "last_loss": losses}
+
+
+def _eager_transpose(rows: torch.Tensor) -> torch.Tensor:
+    return rows.t().contiguous()
 
 
 def _never(*_: object) -> bool:

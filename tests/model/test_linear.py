@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qkv.model.linear import Linear, _padded, linear, padded_rows
+from qkv import compiled
+from qkv.model.linear import Linear, _padded, _weight_grad, linear, padded_rows, transposed
 
 
 def grads(fn, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, seed: int = 1):
@@ -45,6 +46,28 @@ def test_linear_takes_transposed_inputs_and_only_the_gradients_asked_for() -> No
     torch.testing.assert_close(out, F.linear(x, w), rtol=1e-4, atol=1e-4)
     out.sum().backward()
     torch.testing.assert_close(w.grad, torch.ones(6, 40).t() @ x, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("width", [40, 10])
+def test_the_weight_gradient_comes_in_the_weight_own_layout(width: int) -> None:
+    """Contiguous, whichever factor was transposed: autograd keeps it without a copy."""
+    torch.manual_seed(0)
+    grad, inputs = torch.randn(32, width), torch.randn(32, 24)
+    out = _weight_grad(grad, inputs)
+    assert out.shape == (width, 24) and out.is_contiguous()
+    torch.testing.assert_close(out, grad.t() @ inputs, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("allow", [True, False])  # the compiled loop, and eager torch
+@pytest.mark.parametrize("shape", [(1032, 384), (7, 3), (40, 1)])
+def test_transposed_is_the_transpose_contiguous(allow: bool, shape: tuple[int, int]) -> None:
+    rows = torch.randn(*shape)
+    compiled.allow(allow)
+    try:
+        out = transposed(rows)
+    finally:
+        compiled.allow(True)
+    assert out.is_contiguous() and torch.equal(out, rows.t())
 
 
 @pytest.mark.parametrize("case", ["bf16", "autocast", "empty", "1-d"])

@@ -16,11 +16,15 @@ empty batch), `linear` is `F.linear`.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from qkv.compiled import allowed, compiled
 
 
 class Linear(nn.Linear):
@@ -82,11 +86,37 @@ def _weight_grad(grad: Tensor, inputs: Tensor) -> Tensor:
 
     oneDNN reads its weight operand (n, k) in either layout at full speed, so one factor goes
     in as a transposed view; its source operand (m, k) it reads transposed slowly when it is
-    wide, so the narrower factor is the one copied into the (·, M) layout.
+    wide, so the narrower factor is the one copied into the (·, M) layout (`transposed`).
+    Copying the wider factor, the product comes out as (in, out), and is transposed in turn:
+    autograd would copy a transposed view into the weight's own layout anyway, more slowly.
     """
     if grad.size(1) > inputs.size(1):
-        return _product(inputs.t().contiguous(), grad.t()).t()  # (in, out) viewed as (out, in)
-    return _product(grad.t().contiguous(), inputs.t())  # (out, in)
+        return transposed(_product(transposed(inputs), grad.t()))  # (out, in)
+    return _product(transposed(grad), inputs.t())  # (out, in)
+
+
+def transposed(rows: Tensor) -> Tensor:
+    """rows (M, k) -> its transpose (k, M), contiguous.
+
+    Eager torch copies a transposed view element by element, about a third as fast as the loop
+    inductor tiles for it (0.23 against 0.07 ms at 2,048 rows of 256); the compiled loop is
+    taken where compiled loops are allowed and work (`qkv.compiled`).
+    """
+    kernel = _transpose_kernel() if allowed() and rows.device.type == "cpu" else None
+    if kernel is None:
+        return rows.t().contiguous()
+    out: Tensor = kernel(rows)
+    return out
+
+
+def _transpose(rows: Tensor) -> Tensor:
+    return rows.t().clone(memory_format=torch.contiguous_format)
+
+
+@functools.cache
+def _transpose_kernel() -> Callable[..., Any] | None:
+    """`_transpose` compiled for any sizes (see `qkv.compiled`), or None where it cannot be."""
+    return compiled(_transpose, torch.zeros(1032, 384))
 
 
 def padded_rows(count: int) -> int:
