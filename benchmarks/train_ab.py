@@ -30,7 +30,10 @@ AdamW, `tune_allocator`). The "off" way undoes one change (`--change`):
 - `ffn`: the feed-forward network's first linear layer, ReLU and dropout as three layers
   instead of one step each way (`qkv.model.fused_ffn`);
 - `transpose`: the operand that the weights' gradients take transposed copied by eager torch
-  instead of a compiled loop (`qkv.model.linear.transposed`).
+  instead of a compiled loop (`qkv.model.linear.transposed`);
+- `wide`: the input's gradient of a layer of `WIDE` outputs or more (the output layer)
+  multiplied by a transposed view of the weight instead of a transposed copy
+  (`qkv.model.linear._as_input_grad_weight`).
 
 Prints the target tokens per second of each way, their ratio, the median ratio of paired
 steps, and each way's last loss (equal up to float rounding).
@@ -75,6 +78,7 @@ CHANGES = {
     "ffn": "the first linear layer, ReLU and dropout as one step each way (off: three layers)",
     "hashed": "dropout hashed in a compiled loop (off: torch's words, a kept multiplier)",
     "transpose": "weight gradients' operands transposed in a compiled loop (off: eager copies)",
+    "wide": "the output layer's input gradient by a transposed copy of the weight (off: a view)",
 }
 
 
@@ -137,6 +141,7 @@ _OFF: dict[str, Callable[[], Any]] = {
     "hashed": _hashed_off,
     "ffn": lambda: _swapped(qkv_fused_ffn, applies=_never),
     "transpose": lambda: _swapped(qkv_linear, transposed=_eager_transpose),
+    "wide": lambda: _swapped(qkv_linear, _as_input_grad_weight=torch.Tensor.t),
 }
 
 

@@ -8,7 +8,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from qkv import compiled
-from qkv.model.linear import Linear, _padded, _weight_grad, linear, padded_rows, transposed
+from qkv.model.linear import (
+    WIDE,
+    Linear,
+    _as_input_grad_weight,
+    _padded,
+    _weight_grad,
+    linear,
+    padded_rows,
+    transposed,
+)
 
 
 def grads(fn, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, seed: int = 1):
@@ -56,6 +65,17 @@ def test_the_weight_gradient_comes_in_the_weight_own_layout(width: int) -> None:
     out = _weight_grad(grad, inputs)
     assert out.shape == (width, 24) and out.is_contiguous()
     torch.testing.assert_close(out, grad.t() @ inputs, rtol=1e-4, atol=1e-4)
+
+
+def test_a_wide_layer_input_gradient_multiplies_by_a_transposed_copy() -> None:
+    torch.manual_seed(0)
+    wide, narrow = torch.randn(WIDE, 16), torch.randn(WIDE - 1, 16)
+    copied, viewed = _as_input_grad_weight(wide), _as_input_grad_weight(narrow)
+    assert copied.is_contiguous() and torch.equal(copied, wide.t())
+    assert viewed.data_ptr() == narrow.data_ptr() and torch.equal(viewed, narrow.t())
+    x = torch.randn(9, 16)
+    for a, e in zip(grads(linear, x, wide, None), grads(F.linear, x, wide, None), strict=True):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("allow", [True, False])  # the compiled loop, and eager torch
