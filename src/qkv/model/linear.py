@@ -91,8 +91,8 @@ def _as_input_grad_weight(weight: Tensor) -> Tensor:
     A transposed view costs nothing, and is the faster operand up to a few hundred outputs;
     from `WIDE` outputs (an output layer's vocabulary) oneDNN multiplies faster by a
     contiguous copy, made in a compiled loop (`transposed`): the input's gradient of 2,048
-    rows took 1.06-1.20x less time at 2,048 to 16,000 outputs of 256, the copy included,
-    and 0.78-0.94x more at 256 to 1,024 outputs.
+    rows ran 1.06-1.20x as fast at 2,048 to 16,000 outputs of 256, the copy included, and
+    0.78-0.94x as fast at 256 to 1,024 outputs.
     """
     if weight.size(0) >= WIDE and allowed() and _transpose_kernel() is not None:
         return transposed(weight)  # (in, out)
