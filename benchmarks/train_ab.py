@@ -33,7 +33,9 @@ AdamW, `tune_allocator`). The "off" way undoes one change (`--change`):
   instead of a compiled loop (`qkv.model.linear.transposed`);
 - `wide`: the input's gradient of a layer of `WIDE` outputs or more (the output layer)
   multiplied by a transposed view of the weight instead of a transposed copy
-  (`qkv.model.linear._as_input_grad_weight`).
+  (`qkv.model.linear._as_input_grad_weight`);
+- `rounding`: row counts rounded up to 8 steps per doubling instead of 32
+  (`qkv.model.linear.padded_rows`).
 
 Prints the target tokens per second of each way, their ratio, the median ratio of paired
 steps, and each way's last loss (equal up to float rounding).
@@ -79,6 +81,7 @@ CHANGES = {
     "hashed": "dropout hashed in a compiled loop (off: torch's words, a kept multiplier)",
     "transpose": "weight gradients' operands transposed in a compiled loop (off: eager copies)",
     "wide": "the output layer's input gradient by a transposed copy of the weight (off: a view)",
+    "rounding": "row counts rounded to 32 steps per doubling (off: 8)",
 }
 
 
@@ -142,6 +145,7 @@ _OFF: dict[str, Callable[[], Any]] = {
     "ffn": lambda: _swapped(qkv_fused_ffn, applies=_never),
     "transpose": lambda: _swapped(qkv_linear, transposed=_eager_transpose),
     "wide": lambda: _swapped(qkv_linear, _as_input_grad_weight=torch.Tensor.t),
+    "rounding": lambda: _swapped(qkv_linear, STEPS_PER_DOUBLING=8),
 }
 
 

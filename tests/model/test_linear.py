@@ -9,6 +9,7 @@ from torch import nn
 
 from qkv import compiled
 from qkv.model.linear import (
+    STEPS_PER_DOUBLING,
     WIDE,
     Linear,
     _as_input_grad_weight,
@@ -122,10 +123,10 @@ def test_padded_rows_round_up_to_few_shapes_with_zeros_below(count: int) -> None
     rows = torch.randn(count, 3)
     padded = _padded(rows)
     assert torch.equal(padded[:count], rows) and not padded[count:].any()
-    assert len(padded) % 8 == 0 and count <= len(padded) <= max(count * 9 // 8 + 1, 8)
+    assert len(padded) % 8 == 0 and 0 <= len(padded) - count < max(8, count / STEPS_PER_DOUBLING)
     assert len(padded) == padded_rows(count) and padded_rows(len(padded)) == len(padded)
     shapes = {len(_padded(torch.empty(n, 1))) for n in range(1025, 2049)}
-    assert len(shapes) == 8  # one doubling of row counts: 8 shapes
+    assert len(shapes) == STEPS_PER_DOUBLING  # one doubling of row counts
 
 
 def test_rows_past_the_padding_never_reach_the_output() -> None:
