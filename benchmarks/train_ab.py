@@ -34,7 +34,7 @@ AdamW, `tune_allocator`). The "off" way undoes one change (`--change`):
 - `wide`: the input's gradient of a layer of `WIDE` outputs or more (the output layer)
   multiplied by a transposed view of the weight instead of a transposed copy
   (`qkv.model.linear._as_input_grad_weight`);
-- `rounding`: row counts rounded up to 8 steps per doubling instead of 32
+- `rounding`: row counts rounded up to 8 steps per doubling instead of 16
   (`qkv.model.linear.padded_rows`).
 
 Prints the target tokens per second of each way, their ratio, the median ratio of paired
@@ -81,7 +81,7 @@ CHANGES = {
     "hashed": "dropout hashed in a compiled loop (off: torch's words, a kept multiplier)",
     "transpose": "weight gradients' operands transposed in a compiled loop (off: eager copies)",
     "wide": "the output layer's input gradient by a transposed copy of the weight (off: a view)",
-    "rounding": "row counts rounded to 32 steps per doubling (off: 8)",
+    "rounding": "row counts rounded to 16 steps per doubling (off: 8)",
 }
 
 

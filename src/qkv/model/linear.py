@@ -145,8 +145,8 @@ def _transpose_kernel() -> Callable[..., Any] | None:
     return compiled(_transpose, torch.zeros(1032, 384))
 
 
-STEPS_PER_DOUBLING = 32
-"""How many row counts `padded_rows` keeps per doubling: at most 1/32 more rows, zeros."""
+STEPS_PER_DOUBLING = 16
+"""How many row counts `padded_rows` keeps per doubling: at most 1/16 more rows, zeros."""
 
 
 def padded_rows(count: int) -> int:
@@ -156,8 +156,10 @@ def padded_rows(count: int) -> int:
     packed batches, a new row count at every step, grew the benchmark's training phase to
     3.8 GB, against 1.4 GB with `F.linear`. Rounded up, the shapes repeat. Finer steps spend
     fewer products on padding rows and keep more kernels: at 8 steps per doubling the
-    benchmark's sources took 5 % more rows than they have, at 32 steps 1.2 %, and its whole
-    training steps ran 1.7-3.1 % faster (`benchmarks/train_ab.py --change rounding`).
+    benchmark's sources took 5.1 % more rows than they have, at 16 steps 2.3 %, and whole
+    training steps ran 1.009x as fast on its batches, 1.017x on qkv's bucketed ones
+    (`benchmarks/train_ab.py --change rounding`), for 4 % more peak memory in a Multi30k run.
+    32 steps gained about 1 % more, for 14 % more memory.
     """
     doubling = 1 << max(count.bit_length() - 1, 0)  # the power of 2 at or below count
     step = max(8, doubling // STEPS_PER_DOUBLING)
