@@ -118,7 +118,7 @@ class QkvSystem:
         summed loss by the number of targets, as here)."""
         states = self.model.hidden(src, tgt_in)  # (B, T, D)
         logits, kept = nonpad_logits(self.model.output, states, labels, PAD)  # (M', V), (M',)
-        loss = smoothed_cross_entropy(logits, kept, LABEL_SMOOTHING, ignore_index=PAD)
+        loss = smoothed_cross_entropy(logits, kept, LABEL_SMOOTHING, PAD, overwrite=True)
         return loss / max(int((labels != PAD).sum()), 1)
 
     def graphed_step_function(

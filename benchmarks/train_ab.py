@@ -35,7 +35,11 @@ AdamW, `tune_allocator`). The "off" way undoes one change (`--change`):
   multiplied by a transposed view of the weight instead of a transposed copy
   (`qkv.model.linear._as_input_grad_weight`);
 - `rounding`: row counts rounded up to 8 steps per doubling instead of 16
-  (`qkv.model.linear.padded_rows`).
+  (`qkv.model.linear.padded_rows`);
+- `overwrite`: the loss's backward writes the logits' gradient into a new block instead of
+  over the logits (`qkv.training.fused_loss`, `overwrite`);
+- `direct`: compiled loops called through `torch.compile`'s wrapper instead of straight to
+  dynamo's compiled code once its guards pass (`qkv.compiled.DIRECT`).
 
 Prints the target tokens per second of each way, their ratio, the median ratio of paired
 steps, and each way's last loss (equal up to float rounding).
@@ -58,6 +62,7 @@ from phases import build, n_targets, train_batches
 from qkv_side import bucketed_batches
 from workload import SHAPES
 
+import qkv.compiled as qkv_compiled
 import qkv.model.attention as qkv_attention
 import qkv.model.dropout as qkv_dropout
 import qkv.model.fused_ffn as qkv_fused_ffn
@@ -82,6 +87,8 @@ CHANGES = {
     "transpose": "weight gradients' operands transposed in a compiled loop (off: eager copies)",
     "wide": "the output layer's input gradient by a transposed copy of the weight (off: a view)",
     "rounding": "row counts rounded to 16 steps per doubling (off: 8)",
+    "overwrite": "the logits' gradient written over the logits (off: into a new block)",
+    "direct": "compiled loops called straight once their guards pass (off: torch.compile's way)",
 }
 
 
@@ -146,6 +153,8 @@ _OFF: dict[str, Callable[[], Any]] = {
     "transpose": lambda: _swapped(qkv_linear, transposed=_eager_transpose),
     "wide": lambda: _swapped(qkv_linear, _as_input_grad_weight=torch.Tensor.t),
     "rounding": lambda: _swapped(qkv_linear, STEPS_PER_DOUBLING=8),
+    "overwrite": lambda: _swapped(qkv_fused_loss, _in_place_kernel=lambda: None),
+    "direct": lambda: _swapped(qkv_compiled, DIRECT=False),
 }
 
 

@@ -76,3 +76,77 @@ def test_tensors_that_need_gradients_are_run_detached_without_compiling_again(
     assert not out.requires_grad
     torch.testing.assert_close(out, _scaled_sum(x.detach(), 2.0))
     assert compiles == [1]
+
+
+def _counting_wrapper(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the calls that go through `torch.compile`'s wrapper."""
+    calls: list[int] = []
+    compile_for_real = torch.compile
+
+    def counting(fn: Any, **kwargs: Any) -> Any:
+        kernel = compile_for_real(fn, **kwargs)
+
+        def call(*args: Any) -> Any:
+            calls.append(1)
+            return kernel(*args)
+
+        return call
+
+    monkeypatch.setattr(qkv.compiled.torch, "compile", counting)
+    return calls
+
+
+def test_calls_go_straight_to_the_compiled_code_whose_guards_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = _counting_wrapper(monkeypatch)
+    kernel = compiled(_scaled_sum, torch.randn(6, 10), 2.0)
+    assert kernel is not None and len(calls) == 1  # the example
+    for shape in [(3, 7), (40, 33), (6, 10)]:
+        x = torch.randn(shape)
+        torch.testing.assert_close(kernel(x, 2.0), _scaled_sum(x, 2.0))
+    assert len(calls) == 1  # every size, straight to the compiled code
+
+
+def test_inputs_whose_guards_fail_go_through_torch_compile_and_are_right(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = _counting_wrapper(monkeypatch)
+    kernel = compiled(_scaled_sum, torch.randn(6, 10), 2.0)
+    assert kernel is not None
+    x = torch.randn(4, 9, dtype=torch.float64)  # another dtype: compiled again
+    torch.testing.assert_close(kernel(x, 2.0), _scaled_sum(x, 2.0))
+    assert len(calls) == 2
+    torch.testing.assert_close(kernel(x, 2.0), _scaled_sum(x, 2.0))
+    assert len(calls) == 2  # now a version of its own
+    y = torch.randn(4, 9)
+    for scale in (3.0, -0.5):  # another scale: the versions' guards decide
+        torch.testing.assert_close(kernel(y, scale), _scaled_sum(y, scale))
+    torch.testing.assert_close(kernel(y.t(), 2.0), _scaled_sum(y.t(), 2.0))  # other strides
+
+
+def test_direct_calls_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _counting_wrapper(monkeypatch)
+    monkeypatch.setattr(qkv.compiled, "DIRECT", False)
+    kernel = compiled(_scaled_sum, torch.randn(6, 10), 2.0)
+    assert kernel is not None
+    x = torch.randn(3, 7)
+    torch.testing.assert_close(kernel(x, 2.0), _scaled_sum(x, 2.0))
+    assert len(calls) == 2
+
+
+def test_where_dynamo_internals_cannot_be_read_every_call_goes_through_torch_compile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch._dynamo.eval_frame as eval_frame
+
+    def missing(code: Any) -> Any:
+        raise AttributeError("no cache entries here")
+
+    monkeypatch.setattr(eval_frame, "_debug_get_cache_entry_list", missing)
+    calls = _counting_wrapper(monkeypatch)
+    kernel = compiled(_scaled_sum, torch.randn(6, 10), 2.0)
+    assert kernel is not None
+    x = torch.randn(3, 7)
+    torch.testing.assert_close(kernel(x, 2.0), _scaled_sum(x, 2.0))
+    assert len(calls) == 2

@@ -95,7 +95,10 @@ class TranslationTask:
         pairs = self.collate(batch, device)
         states = self.model.hidden(pairs.src, pairs.tgt_in)  # (B, T, D)
         logits, labels = nonpad_logits(self.model.output, states, pairs.labels, PAD_ID)
-        return smoothed_cross_entropy(logits, labels, self.label_smoothing, PAD_ID), {}
+        loss = smoothed_cross_entropy(
+            logits, labels, self.label_smoothing, PAD_ID, overwrite=True
+        )  # the logits are used by nothing else
+        return loss, {}
 
     def padded_inputs(self, batch: list[int], device: torch.device) -> dict[str, torch.Tensor]:
         pairs = collate_pairs([self.src[i] for i in batch], [self.tgt[i] for i in batch])

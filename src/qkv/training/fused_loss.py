@@ -7,7 +7,11 @@ zeros, the two gradients added and the log-softmax's backward. Here `torch.compi
 
 - forward: each row's maximum, sum of exponentials, sum and label's logit, read while the row
   is in cache; only the log-sum-exp per row is kept for the backward;
-- backward: softmax minus the smoothed target, times the loss's gradient, written in one pass.
+- backward: softmax minus the smoothed target, times the loss's gradient, written in one pass;
+  with `overwrite=True` (the trainer's logits, used by nothing else) written over the logits
+  themselves, which spares a fresh (M, V) block: the pass took 3.0 instead of 7.9 ms at
+  2,048 × 8,000, and whole training steps ran 1.02x as fast
+  (`benchmarks/train_ab.py --change overwrite`).
 
 Compiling takes a few seconds once per process (less once inductor's cache on disk has the
 kernels), so this applies only where it pays (`applies`): on the CPU, in float32, when the
@@ -44,34 +48,50 @@ def applies(logits: Tensor) -> bool:
 
 
 def smoothed_cross_entropy(
-    logits: Tensor, labels: Tensor, smoothing: float, ignore_index: int
+    logits: Tensor, labels: Tensor, smoothing: float, ignore_index: int, overwrite: bool = False
 ) -> Tensor:
     """Summed label-smoothed cross-entropy, as `F.cross_entropy(..., reduction="sum")`, where
     `applies`: logits (M, V) float32, labels (M,) -> scalar; rows labelled `ignore_index` add
-    nothing."""
-    loss: Tensor = _FusedLoss.apply(logits, labels, smoothing, ignore_index)
+    nothing.
+
+    With `overwrite`, the backward writes the logits' gradient over the logits (not a leaf
+    tensor's: those are the caller's own). Autograd then refuses, with its error about a
+    variable modified in place, a backward through anything else that kept them, and a second
+    backward through this loss (`retain_graph`).
+    """
+    overwrite = overwrite and not logits.is_leaf
+    loss: Tensor = _FusedLoss.apply(logits, labels, smoothing, ignore_index, overwrite)
     return loss
 
 
 class _FusedLoss(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx: Any, logits: Tensor, labels: Tensor, smoothing: float, ignore_index: int
+        ctx: Any,
+        logits: Tensor,
+        labels: Tensor,
+        smoothing: float,
+        ignore_index: int,
+        overwrite: bool,
     ) -> Tensor:
         kernels = _kernels()
         assert kernels is not None  # `applies` checked
         loss, lse = kernels[0](logits, labels, smoothing, ignore_index)
         ctx.save_for_backward(logits, labels, lse)
-        ctx.smoothing, ctx.ignore_index = smoothing, ignore_index
+        ctx.smoothing, ctx.ignore_index, ctx.overwrite = smoothing, ignore_index, overwrite
         return loss
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None, None]:
         logits, labels, lse = ctx.saved_tensors  # the logits need a gradient: `applies`
-        kernels = _kernels()
-        assert kernels is not None
-        grad_logits = kernels[1](logits, labels, lse, grad, ctx.smoothing, ctx.ignore_index)
-        return grad_logits, None, None, None
+        args = (logits, labels, lse, grad, ctx.smoothing, ctx.ignore_index)
+        kernel = _in_place_kernel() if ctx.overwrite else None
+        if kernel is None:  # not asked for, or compiling it failed here
+            kernels = _kernels()
+            assert kernels is not None
+            return kernels[1](*args), None, None, None, None
+        kernel(*args)  # bumps the logits' version: autograd refuses to read them again
+        return logits.detach(), None, None, None, None
 
 
 @functools.cache
@@ -84,6 +104,14 @@ def _kernels() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
     lse = torch.logsumexp(logits, 1, keepdim=True)  # (M, 1)
     grad = compiled(_grad, logits, labels, lse, torch.tensor(1.0), 0.1, 0)
     return None if loss_and_lse is None or grad is None else (loss_and_lse, grad)
+
+
+@functools.cache
+def _in_place_kernel() -> Callable[..., Any] | None:
+    """`_grad_in_place` compiled for any M and V (see `_kernels`), or None."""
+    logits, labels = torch.randn(64, 2048), torch.randint(0, 2048, (64,))  # (M, V), (M,)
+    lse = torch.logsumexp(logits, 1, keepdim=True)  # (M, 1)
+    return compiled(_grad_in_place, logits, labels, lse, torch.tensor(1.0), 0.1, 0)
 
 
 def _loss_and_lse(
@@ -111,3 +139,10 @@ def _grad(
     uniform = smoothing / logits.size(1)
     target = torch.where(hit, 1.0 - smoothing + uniform, uniform)  # (M, V)
     return torch.where(kept, ((logits - lse).exp() - target) * grad, 0.0)
+
+
+def _grad_in_place(
+    logits: Tensor, labels: Tensor, lse: Tensor, grad: Tensor, smoothing: float, ignore_index: int
+) -> None:
+    """`_grad`, written over the logits (M, V)."""
+    logits.copy_(_grad(logits, labels, lse, grad, smoothing, ignore_index))

@@ -38,16 +38,22 @@ def nonpad_logits(
 
 
 def smoothed_cross_entropy(
-    logits: Tensor, labels: Tensor, smoothing: float, ignore_index: int = -100
+    logits: Tensor,
+    labels: Tensor,
+    smoothing: float,
+    ignore_index: int = -100,
+    overwrite: bool = False,
 ) -> Tensor:
     """Summed label-smoothed cross-entropy: logits (M, V), labels (M,) -> scalar.
 
     Rows whose label is `ignore_index` add nothing: `bucket_loss` passes the padding id, for
     the filler rows of a fixed-length list of targets. A big CPU training loss runs as
-    `qkv.training.fused_loss`'s compiled loops (the same values up to float rounding).
+    `qkv.training.fused_loss`'s compiled loops (the same values up to float rounding); with
+    `overwrite`, for logits nothing else uses (`nonpad_logits`'), its backward writes their
+    gradient over them.
     """
     if fused_loss.applies(logits):
-        return fused_loss.smoothed_cross_entropy(logits, labels, smoothing, ignore_index)
+        return fused_loss.smoothed_cross_entropy(logits, labels, smoothing, ignore_index, overwrite)
     return F.cross_entropy(
         logits.float(),
         labels,
