@@ -226,3 +226,10 @@ def test_greedy_search_takes_the_screened_argmax_and_finds_what_the_logits_give(
 
 def linear_bias(output: OutputLayer) -> Tensor | float:
     return 0.0 if output.bias is None else output.bias
+
+
+def test_norms_in_chunks_are_the_norms_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    rows = torch.randn(1000, 48) * torch.logspace(-25, 3, 1000)[:, None]  # tiny squares too
+    whole = torch.linalg.vector_norm(rows, dim=1, dtype=torch.float64).float()
+    monkeypatch.setattr(output_layer, "NORM_CHUNK", 64)
+    assert torch.equal(output_layer._norms(rows), whole)
