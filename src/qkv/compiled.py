@@ -61,7 +61,8 @@ def compiled(fn: Callable[..., Any], *example: Any) -> Callable[..., Any] | None
             if direct is not None:
                 return direct(*args)
             out = kernel(*args)
-            versions.read()  # this call may have compiled a new version
+            if DIRECT:
+                versions.read()  # this call may have compiled a new version
             return out
 
     try:

@@ -118,3 +118,14 @@ def test_overwrite_is_refused_by_autograd_where_something_else_kept_the_logits()
     loss = fused_loss.smoothed_cross_entropy(logits, labels, 0.1, PAD, overwrite=True)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         (loss + other).backward()
+
+
+def test_without_a_compiled_backward_the_eager_gradient_is_the_same(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    logits, labels = _case(50, 900)
+    fused_loss.smoothed_cross_entropy(logits, labels, 0.1, PAD).backward()
+    compiled_grad, logits.grad = logits.grad, None
+    monkeypatch.setattr(fused_loss, "_grad_kernel", lambda: None)
+    fused_loss.smoothed_cross_entropy(logits, labels, 0.1, PAD).backward()
+    torch.testing.assert_close(logits.grad, compiled_grad)

@@ -16,7 +16,8 @@ zeros, the two gradients added and the log-softmax's backward. Here `torch.compi
 Compiling takes a few seconds once per process (less once inductor's cache on disk has the
 kernels), so this applies only where it pays (`applies`): on the CPU, in float32, when the
 logits need a gradient, and for at least `MIN_ELEMENTS` logits; and where torch.compile works
-(`qkv.compiled`). Elsewhere `F.cross_entropy` does the work.
+(`qkv.compiled`). Elsewhere `F.cross_entropy` does the work. Each backward loop is compiled
+at its first use only (training overwrites, so it never compiles the other).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def applies(logits: Tensor) -> bool:
         and logits.requires_grad
         and torch.is_grad_enabled()
         and allowed()
-        and _kernels() is not None
+        and _forward_kernel() is not None
     )
 
 
@@ -74,9 +75,9 @@ class _FusedLoss(torch.autograd.Function):
         ignore_index: int,
         overwrite: bool,
     ) -> Tensor:
-        kernels = _kernels()
-        assert kernels is not None  # `applies` checked
-        loss, lse = kernels[0](logits, labels, smoothing, ignore_index)
+        kernel = _forward_kernel()
+        assert kernel is not None  # `applies` checked
+        loss, lse = kernel(logits, labels, smoothing, ignore_index)
         ctx.save_for_backward(logits, labels, lse)
         ctx.smoothing, ctx.ignore_index, ctx.overwrite = smoothing, ignore_index, overwrite
         return loss
@@ -85,33 +86,39 @@ class _FusedLoss(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None, None]:
         logits, labels, lse = ctx.saved_tensors  # the logits need a gradient: `applies`
         args = (logits, labels, lse, grad, ctx.smoothing, ctx.ignore_index)
-        kernel = _in_place_kernel() if ctx.overwrite else None
-        if kernel is None:  # not asked for, or compiling it failed here
-            kernels = _kernels()
-            assert kernels is not None
-            return kernels[1](*args), None, None, None, None
-        kernel(*args)  # bumps the logits' version: autograd refuses to read them again
-        return logits.detach(), None, None, None, None
+        in_place = _in_place_kernel() if ctx.overwrite else None
+        if in_place is not None:
+            in_place(*args)  # bumps the logits' version: autograd refuses to read them again
+            return logits.detach(), None, None, None, None
+        kernel = _grad_kernel()  # not asked to overwrite, or that kernel failed to compile
+        grad_logits = kernel(*args) if kernel is not None else _grad(*args)
+        return grad_logits, None, None, None, None
+
+
+def _example() -> tuple[Tensor, Tensor, Tensor]:
+    """Logits (64, 2048), labels (64,) and their log-sum-exp (64, 1) to compile on: big enough
+    that inductor spreads the loops over the cores (it decides from the first sizes it sees)."""
+    logits, labels = torch.randn(64, 2048), torch.randint(0, 2048, (64,))  # (M, V), (M,)
+    return logits, labels, torch.logsumexp(logits, 1, keepdim=True)
 
 
 @functools.cache
-def _kernels() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
-    """The forward and backward compiled for any M and V, or None where they cannot be. The
-    example is big enough that inductor spreads the loops over the cores (it decides from the
-    first sizes it sees)."""
-    logits, labels = torch.randn(64, 2048), torch.randint(0, 2048, (64,))  # (M, V), (M,)
-    loss_and_lse = compiled(_loss_and_lse, logits, labels, 0.1, 0)
-    lse = torch.logsumexp(logits, 1, keepdim=True)  # (M, 1)
-    grad = compiled(_grad, logits, labels, lse, torch.tensor(1.0), 0.1, 0)
-    return None if loss_and_lse is None or grad is None else (loss_and_lse, grad)
+def _forward_kernel() -> Callable[..., Any] | None:
+    """`_loss_and_lse` compiled for any M and V, or None where it cannot be."""
+    logits, labels, _ = _example()
+    return compiled(_loss_and_lse, logits, labels, 0.1, 0)
+
+
+@functools.cache
+def _grad_kernel() -> Callable[..., Any] | None:
+    """`_grad` compiled for any M and V, or None: compiled only if a backward asks for it."""
+    return compiled(_grad, *_example(), torch.tensor(1.0), 0.1, 0)
 
 
 @functools.cache
 def _in_place_kernel() -> Callable[..., Any] | None:
-    """`_grad_in_place` compiled for any M and V (see `_kernels`), or None."""
-    logits, labels = torch.randn(64, 2048), torch.randint(0, 2048, (64,))  # (M, V), (M,)
-    lse = torch.logsumexp(logits, 1, keepdim=True)  # (M, 1)
-    return compiled(_grad_in_place, logits, labels, lse, torch.tensor(1.0), 0.1, 0)
+    """`_grad_in_place` compiled for any M and V, or None."""
+    return compiled(_grad_in_place, *_example(), torch.tensor(1.0), 0.1, 0)
 
 
 def _loss_and_lse(
