@@ -9,18 +9,24 @@ the moment the logits' gradient is made.
     python benchmarks/step_parts.py [--threads 2] [--warmup 10] [--steps 20] [--peak 431.2]
 
 With `--peak` (GFLOP/s, e.g. a run's matmul peak from `bench.py`), the MFU of the timed steps
-too: 6 × non-embedding parameters × target tokens/s / peak, as `bench.py` counts it.
+too: 6 × non-embedding parameters × target tokens/s / peak, as `bench.py` counts it. The linear
+layers' products are counted as well, 2 m n k FLOPs each, for their speed inside the steps; with
+`--isolated`, each of them is timed again in a loop of its own, its operands in cache, for the
+speed the same products reach there.
+
+    python benchmarks/step_parts.py --peak 480 --isolated
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from collections import Counter
 from typing import Any
 
 import qkv_side
 import torch
-from phases import PartTimers, build, n_targets, params, train_batches
+from phases import PartTimers, best_ms, build, n_targets, params, train_batches
 from workload import SHAPES
 
 import qkv.model.dropout as qkv_dropout
@@ -40,15 +46,17 @@ GRID = "  of which rows into and out of the grid"
 DROPOUT = "dropout, forward and backward"
 FUSED_FFN = "feed-forward's fused ReLU-and-dropout passes, forward and backward"
 LOSS = "loss, forward and backward"
+PRODUCT_RATE = "  their GFLOP/s"
 PARTS = (PRODUCTS, WEIGHT_PRODUCTS, TRANSPOSES, ATTENTION, GRID, DROPOUT, FUSED_FFN, LOSS)
 ONLY_WHERE_HASHED = (FUSED_FFN,)
 """Parts that a model too small for hashed dropout (`--shape tiny`) never runs."""
 
 
-def timers() -> PartTimers:
-    """Timers around the parts of a training step (`restore` takes them off)."""
+def timers(log: ProductLog) -> PartTimers:
+    """Timers around the parts of a training step (`restore` takes them off); the linear
+    layers' products counted by `log`."""
     clock = PartTimers()
-    clock.wrap(qkv_linear, "_product", PRODUCTS)
+    clock.wrap(qkv_linear, "_product", PRODUCTS, work=log)
     clock.wrap(qkv_linear, "_weight_grad", TRANSPOSES)  # its products are taken out
     for name in ("forward", "backward"):
         clock.wrap(qkv_packed_attention._PackedAttention, name, ATTENTION)
@@ -59,6 +67,49 @@ def timers() -> PartTimers:
     clock.wrap(qkv_fused_ffn, "_dropout_pass", FUSED_FFN)  # its products: PRODUCTS
     clock.wrap(qkv_fused_ffn, "_gradient_pass", FUSED_FFN)
     return clock
+
+
+ISOLATED = "  the same products, each in a loop of its own: GFLOP/s"
+
+Product = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], bool, str]
+"""A product's operands as `isolated` makes them again: x's shape, the weight's shape and
+strides, whether there is a bias, the activation."""
+
+
+def product_flops(x: torch.Tensor, weight: torch.Tensor, *rest: Any) -> float:
+    """The FLOPs of `qkv.model.linear._product`: x (m, k) times weight (n, k) transposed."""
+    return 2.0 * x.size(0) * x.size(1) * weight.size(0)
+
+
+class ProductLog:
+    """Counts the products of the timed steps by their operands' shapes and layouts."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[Product] = Counter()
+        self.on = False
+
+    def __call__(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: Any = None, activation: str = "none"
+    ) -> float:
+        if self.on:
+            key = (tuple(x.shape), tuple(weight.shape), weight.stride(), bias is not None)
+            self.counts[(*key, activation)] += 1
+        return product_flops(x, weight)
+
+
+def isolated(counts: Counter[Product]) -> float:
+    """GFLOP/s of the logged products, each shape timed in a loop of its own (best of 7
+    passes of 20 calls, operands in cache) and weighted by how often the steps made it."""
+    flops = seconds = 0.0
+    for (x_shape, w_shape, w_stride, has_bias, activation), count in counts.items():
+        x = torch.randn(x_shape)
+        transposed = w_stride[0] < w_stride[1]  # a transposed view, as the gradients pass it
+        weight = torch.randn(w_shape[::-1]).t() if transposed else torch.randn(w_shape)
+        bias = torch.randn(w_shape[0]) if has_bias else None
+        ms = best_ms(lambda: qkv_linear._product(x, weight, bias, activation))  # noqa: B023
+        flops += count * product_flops(x, weight)
+        seconds += count * ms / 1000
+    return flops / seconds / 1e9
 
 
 def measure(args: argparse.Namespace) -> dict[str, float]:
@@ -81,13 +132,16 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
         return loss
 
     qkv_side.smoothed_cross_entropy = timed_loss
-    clock = timers()
+    log = ProductLog()
+    clock = timers(log)
     seconds = clock.seconds
     try:
         for i, batch in enumerate(batches[: args.warmup + args.steps]):
             if i == args.warmup:
                 seconds.clear()
                 clock.within.clear()
+                clock.work.clear()
+                log.on = True
             marks = [time.perf_counter()]
             optimizer.zero_grad(set_to_none=True)
             loss = system.loss(batch["src"], batch["tgt_in"], batch["labels"])
@@ -106,7 +160,13 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
     seconds[WEIGHT_PRODUCTS] = clock.within[PRODUCTS, TRANSPOSES]
     seconds[TRANSPOSES] -= seconds[WEIGHT_PRODUCTS]
     timed = batches[args.warmup : args.warmup + args.steps]
-    out = {part: 1000 * seconds[part] / len(timed) for part in (STEP, *SPLIT, *PARTS)}
+    out = {}
+    for part in (STEP, *SPLIT, *PARTS):
+        out[part] = 1000 * seconds[part] / len(timed)
+        if part == PRODUCTS:  # and their speed, in the line below them
+            out[PRODUCT_RATE] = clock.work[PRODUCTS] / seconds[PRODUCTS] / 1e9
+            if args.isolated:
+                out[ISOLATED] = isolated(log.counts)
     if args.peak:
         flops = 6 * params(system)["non_embedding"] * n_targets(timed)
         out[MFU] = 100 * flops / seconds[STEP] / (args.peak * 1e9)
@@ -114,7 +174,7 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
 
 
 def table(parts: dict[str, float]) -> list[str]:
-    lines = ["| part | ms per step (MFU: %) |", "|---|---:|"]
+    lines = ["| part | ms per step (MFU: %; products: GFLOP/s) |", "|---|---:|"]
     for part, ms in parts.items():
         label = f"&nbsp;&nbsp;↳ {part.strip()}" if part.startswith("  ") else part
         lines.append(f"| {'**' + label + '**' if part in (STEP, MFU) else label} | {ms:.1f} |")
@@ -131,6 +191,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--batch-tokens", type=int, default=2000)
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--peak", type=float, default=0.0, help="GFLOP/s, for the MFU")
+    parser.add_argument(
+        "--isolated",
+        action="store_true",
+        help="also time each product of the steps in a loop of its own (about a minute)",
+    )
     args = parser.parse_args(argv)
     args.device, args.dtype = "cpu", "fp32"
     torch.set_num_threads(args.threads)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -368,7 +369,7 @@ def test_step_parts_times_each_part_within_the_step_and_puts_everything_back(
 
     kept = wrapped()
     argv = ["--shape", "tiny", "--threads", "1", "--warmup", "1", "--steps", "2"]
-    parts = step_parts.main([*argv, "--batch-tokens", "200", "--peak", "100"])
+    parts = step_parts.main([*argv, "--batch-tokens", "200", "--peak", "100", "--isolated"])
     assert kept == wrapped()
     step = parts[step_parts.STEP]
     assert sum(parts[part] for part in step_parts.SPLIT) == pytest.approx(step, rel=1e-6)
@@ -378,6 +379,16 @@ def test_step_parts_times_each_part_within_the_step_and_puts_everything_back(
         else:
             assert 0 < parts[part] < step, part
     assert parts[step_parts.WEIGHT_PRODUCTS] < parts[step_parts.PRODUCTS]
+    assert 0 < parts[step_parts.PRODUCT_RATE] < math.inf
+    assert 0 < parts[step_parts.ISOLATED] < math.inf
     assert parts[step_parts.GRID] < parts[step_parts.ATTENTION]
     assert 0 < parts[step_parts.MFU] < 100
     assert "| **whole step** |" in capsys.readouterr().out
+
+
+def test_step_parts_counts_a_products_flops(bench: object) -> None:
+    import step_parts
+
+    x, weight = torch.zeros(6, 4), torch.zeros(5, 4)  # (m, k), (n, k): 2 m n k
+    assert step_parts.product_flops(x, weight) == 2 * 6 * 5 * 4
+    assert step_parts.product_flops(x, torch.zeros(4, 5).t(), None, "relu") == 2 * 6 * 5 * 4
