@@ -184,26 +184,24 @@ class PartTimers:
     `seconds[part]`: the time spent in the functions wrapped as `part`, summed; the parts are
     listed in the order of their first `wrap`. `within[part, outer]`: the share of it spent
     while a function wrapped as `outer` was running (a product inside a weight's gradient).
-    `work[part]`: what the `work` function given to `wrap` counted of the calls (FLOPs).
     """
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
         self.within: dict[tuple[str, str], float] = defaultdict(float)
-        self.work: dict[str, float] = defaultdict(float)
         self._running: list[str] = []
         self._undo: list[tuple[Any, str, Any]] = []
 
     def wrap(
-        self, owner: Any, name: str, part: str, work: Callable[..., float] | None = None
+        self, owner: Any, name: str, part: str, see: Callable[..., object] | None = None
     ) -> None:
         """Time `owner.name` (a module's function, a class's method, an object's) as `part`;
-        `work(*args, **kwargs)`, if given, counts each call's work into `work[part]`."""
+        `see(*args, **kwargs)`, if given, is shown each call's arguments first."""
         original = vars(owner).get(name, getattr(owner, name))  # a staticmethod as it is
 
         def timed(*args: Any, **kwargs: Any) -> Any:
-            if work is not None:
-                self.work[part] += work(*args, **kwargs)
+            if see is not None:
+                see(*args, **kwargs)
             start = time.perf_counter()
             self._running.append(part)
             try:

@@ -56,7 +56,7 @@ def timers(log: ProductLog) -> PartTimers:
     """Timers around the parts of a training step (`restore` takes them off); the linear
     layers' products counted by `log`."""
     clock = PartTimers()
-    clock.wrap(qkv_linear, "_product", PRODUCTS, work=log)
+    clock.wrap(qkv_linear, "_product", PRODUCTS, see=log)
     clock.wrap(qkv_linear, "_weight_grad", TRANSPOSES)  # its products are taken out
     for name in ("forward", "backward"):
         clock.wrap(qkv_packed_attention._PackedAttention, name, ATTENTION)
@@ -76,40 +76,41 @@ Product = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], bool, str]
 strides, whether there is a bias, the activation."""
 
 
-def product_flops(x: torch.Tensor, weight: torch.Tensor, *rest: Any) -> float:
-    """The FLOPs of `qkv.model.linear._product`: x (m, k) times weight (n, k) transposed."""
-    return 2.0 * x.size(0) * x.size(1) * weight.size(0)
+def product_flops(x_shape: tuple[int, ...], w_shape: tuple[int, ...], *rest: Any) -> float:
+    """The FLOPs of `qkv.model.linear._product` by its operands' shapes (a `Product`'s first
+    two): x (m, k) times a weight (n, k) transposed."""
+    return 2.0 * x_shape[0] * x_shape[1] * w_shape[0]
 
 
 class ProductLog:
-    """Counts the products of the timed steps by their operands' shapes and layouts."""
+    """Counts the products it is shown by their operands' shapes and layouts."""
 
     def __init__(self) -> None:
         self.counts: Counter[Product] = Counter()
-        self.on = False
 
     def __call__(
         self, x: torch.Tensor, weight: torch.Tensor, bias: Any = None, activation: str = "none"
-    ) -> float:
-        if self.on:
-            key = (tuple(x.shape), tuple(weight.shape), weight.stride(), bias is not None)
-            self.counts[(*key, activation)] += 1
-        return product_flops(x, weight)
+    ) -> None:
+        key = (tuple(x.shape), tuple(weight.shape), weight.stride(), bias is not None)
+        self.counts[(*key, activation)] += 1
+
+    def flops(self) -> float:
+        """The FLOPs of every product counted."""
+        return sum(count * product_flops(*product) for product, count in self.counts.items())
 
 
-def isolated(counts: Counter[Product]) -> float:
+def isolated(log: ProductLog) -> float:
     """GFLOP/s of the logged products, each shape timed in a loop of its own (best of 7
     passes of 20 calls, operands in cache) and weighted by how often the steps made it."""
-    flops = seconds = 0.0
-    for (x_shape, w_shape, w_stride, has_bias, activation), count in counts.items():
+    seconds = 0.0
+    for (x_shape, w_shape, w_stride, has_bias, activation), count in log.counts.items():
         x = torch.randn(x_shape)
         transposed = w_stride[0] < w_stride[1]  # a transposed view, as the gradients pass it
         weight = torch.randn(w_shape[::-1]).t() if transposed else torch.randn(w_shape)
         bias = torch.randn(w_shape[0]) if has_bias else None
         ms = best_ms(lambda: qkv_linear._product(x, weight, bias, activation))  # noqa: B023
-        flops += count * product_flops(x, weight)
         seconds += count * ms / 1000
-    return flops / seconds / 1e9
+    return log.flops() / seconds / 1e9
 
 
 def measure(args: argparse.Namespace) -> dict[str, float]:
@@ -140,8 +141,7 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
             if i == args.warmup:
                 seconds.clear()
                 clock.within.clear()
-                clock.work.clear()
-                log.on = True
+                log.counts.clear()
             marks = [time.perf_counter()]
             optimizer.zero_grad(set_to_none=True)
             loss = system.loss(batch["src"], batch["tgt_in"], batch["labels"])
@@ -164,9 +164,9 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
     for part in (STEP, *SPLIT, *PARTS):
         out[part] = 1000 * seconds[part] / len(timed)
         if part == PRODUCTS:  # and their speed, in the line below them
-            out[PRODUCT_RATE] = clock.work[PRODUCTS] / seconds[PRODUCTS] / 1e9
+            out[PRODUCT_RATE] = log.flops() / seconds[PRODUCTS] / 1e9
             if args.isolated:
-                out[ISOLATED] = isolated(log.counts)
+                out[ISOLATED] = isolated(log)
     if args.peak:
         flops = 6 * params(system)["non_embedding"] * n_targets(timed)
         out[MFU] = 100 * flops / seconds[STEP] / (args.peak * 1e9)

@@ -390,5 +390,10 @@ def test_step_parts_counts_a_products_flops(bench: object) -> None:
     import step_parts
 
     x, weight = torch.zeros(6, 4), torch.zeros(5, 4)  # (m, k), (n, k): 2 m n k
-    assert step_parts.product_flops(x, weight) == 2 * 6 * 5 * 4
-    assert step_parts.product_flops(x, torch.zeros(4, 5).t(), None, "relu") == 2 * 6 * 5 * 4
+    assert step_parts.product_flops(x.shape, weight.shape) == 2 * 6 * 5 * 4
+    log = step_parts.ProductLog()
+    log(x, weight)
+    log(x, torch.zeros(4, 5).t(), None, "relu")  # a transposed view: its own entry
+    log(x, weight)
+    assert len(log.counts) == 2
+    assert log.flops() == 3 * 2 * 6 * 5 * 4
