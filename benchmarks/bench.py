@@ -187,10 +187,10 @@ def main_run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     }
     results["peak"] = run_phase("peak", args)
     systems = ["qkv", *peers]
-    train = {s: run_phase("train", args, system=s) for s in systems}
+    train = {} if args.no_train else {s: run_phase("train", args, system=s) for s in systems}
     decode = {} if args.no_decode else {s: run_phase("decode", args, system=s) for s in systems}
     for s in systems:
-        results["systems"][s] = {"train": train[s], "decode": decode.get(s, {})}
+        results["systems"][s] = {"train": train.get(s, {}), "decode": decode.get(s, {})}
     pairs = []
     fastest_train = best(train, peers, lambda r: r.get("identical", {}).get("tgt_tokens_per_s"))
     if fastest_train and not args.no_pair:
@@ -261,6 +261,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--beam", type=int, default=5, help="beam width; 0 skips beam search")
     parser.add_argument("--no-pair", action="store_true", help="skip the interleaved A/B runs")
     parser.add_argument("--no-decode", action="store_true", help="measure training only")
+    parser.add_argument("--no-train", action="store_true", help="measure decoding only")
     parser.add_argument("--no-profile", action="store_true")
     parser.add_argument(
         "--no-workers",

@@ -5,10 +5,10 @@ random weights, its decoding workload, exactly `--new-tokens` tokens per sentenc
 weights on the same batches, taking turns batch by batch (who goes first alternates). They
 differ only in the measure that `--change` names:
 
-- `decoder`: `ModelDecoder` encodes and steps through `frozen_copy(model)`, or through the
-  model's own layers (the output layer is frozen both ways);
-- `encoder`: the same, with the model's own encoder in the "off" way (its cross-attention keys
-  and values and its decoder frozen both ways);
+- `decoder`: `ModelDecoder` steps through `frozen_copy(model.decoder)`, or through the
+  model's own decoder (the output layer is frozen both ways);
+- `encoder`: `ModelDecoder` encodes through a frozen copy of the encoder too, or through the
+  model's own encoder, as shipped (the decoder frozen both ways);
 - `kept`: the frozen weights (`DecodingWeights`) are kept across batches, or made again for
   every batch;
 - `query`: cross-attention's query projection is a frozen part of its packed projection
@@ -37,12 +37,13 @@ from workload import SHAPES
 import qkv.inference.incremental as incremental
 import qkv.model.attention as attention
 from qkv.inference.incremental import DecodingWeights
+from qkv.inference.output_layer import OutputLayer
 from qkv.model.frozen_linear import frozen_copy
 from qkv.model.seq2seq import Seq2SeqTransformer
 from qkv.training.speed import tune_allocator
 
 CHANGES = {
-    "decoder": "frozen encoder and decoder",
+    "decoder": "frozen decoder",
     "encoder": "frozen encoder",
     "kept": "frozen weights kept across batches",
     "query": "frozen cross-attention query",
@@ -86,7 +87,7 @@ def compare(
     """Both ways on every batch, `passes` times, interleaved."""
     seconds: dict[bool, list[float]] = {True: [], False: []}
     found: dict[bool, list[Tensor]] = {True: [], False: []}
-    weights = {on: DecodingWeights(system.model) for on in (True, False)}
+    weights = {on: decoding_weights(change, on, system.model) for on in (True, False)}
     with torch.inference_mode():
         for on in (True, False):  # warm-up
             with way(change, on, system, weights[on]):
@@ -122,11 +123,19 @@ def compare(
     return out
 
 
-def _encoder_as_is(model: Seq2SeqTransformer, rows: int) -> Seq2SeqTransformer:
-    """`frozen_copy(model)` with the model's own encoder."""
-    twin = frozen_copy(model, rows)
-    twin.encoder = model.encoder
-    return twin
+class _FrozenEncoderWeights(DecodingWeights):
+    """`DecodingWeights` whose model has a frozen copy of the encoder besides."""
+
+    def frozen(self, rows: int) -> tuple[Seq2SeqTransformer, OutputLayer]:
+        model, output = super().frozen(rows)
+        if model.encoder is self.model.encoder:  # a model made now: its encoder frozen too
+            model.encoder = frozen_copy(self.model.encoder, rows)
+        return model, output
+
+
+def decoding_weights(change: str, on: bool, model: Seq2SeqTransformer) -> DecodingWeights:
+    """The `DecodingWeights` of one way: with a frozen encoder for `encoder`'s "on" way."""
+    return _FrozenEncoderWeights(model) if change == "encoder" and on else DecodingWeights(model)
 
 
 class _Nothing:
@@ -140,8 +149,6 @@ def way(change: str, on: bool, system: Any, weights: DecodingWeights) -> Iterato
     system._weights = None if change == "kept" and not on else weights
     if change == "decoder" and not on:
         incremental.frozen_copy = lambda module, rows: module  # type: ignore[assignment]
-    if change == "encoder" and not on:
-        incremental.frozen_copy = _encoder_as_is  # type: ignore[assignment]
     if change == "query" and not on:
         attention.FrozenLinear = _Nothing  # type: ignore[misc, assignment]
     try:

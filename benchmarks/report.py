@@ -286,8 +286,13 @@ def render(results: dict[str, Any]) -> str:
         + f". {peak_sentence(results)} "
         "MFU = 6 × non-embedding parameters × non-pad target tokens/s / peak.",
         "",
-        f"Training: {a['warmup']} warm-up + {a['steps']} timed steps of ≥{a['batch_tokens']} "
-        f"target tokens, median of {a['repeats']} passes; label smoothing 0.1. "
+        (
+            "Training: not measured (`--no-train`). "
+            if a.get("no_train")
+            else f"Training: {a['warmup']} warm-up + {a['steps']} timed steps of "
+            f"≥{a['batch_tokens']} target tokens, median of {a['repeats']} passes; "
+            "label smoothing 0.1. "
+        )
         + (
             "Decoding: not measured (`--no-decode`)."
             if a.get("no_decode")

@@ -179,6 +179,20 @@ def test_no_decode_measures_training_only(bench: object, tmp_path: Path) -> None
     assert "| qkv |" in out_md.read_text()
 
 
+def test_no_train_measures_decoding_only(bench: object, tmp_path: Path) -> None:
+    out_json, out_md = tmp_path / "bench.json", tmp_path / "bench.md"
+    options = ["--peers", "torch_nn", "--no-train", "--no-profile", "--no-workers"]
+    bench.main([*TINY, *options, "--json", str(out_json), "--md", str(out_md)])  # type: ignore[attr-defined]
+    results = json.loads(out_json.read_text())
+    for name, system in results["systems"].items():
+        assert system["train"] == {}, name
+        assert system["decode"]["greedy"]["sentences_per_s"] > 0, name
+        assert system["decode"]["peak_rss_mb_greedy"] > 0, name
+    assert [p["pair_part"] for p in results["pairs"]] == ["decode"]
+    text = out_md.read_text()
+    assert "Training: not measured (`--no-train`)." in text and "| qkv |" in text
+
+
 def test_cuda_without_a_gpu_is_refused(bench: object) -> None:
     import torch
 

@@ -33,7 +33,7 @@ def test_batches_sharing_decoding_weights_decode_as_batches_with_their_own() -> 
         assert weights.frozen(64) == made  # the same objects: nothing made again
 
 
-def test_the_frozen_model_encodes_and_caches_as_the_model_does() -> None:
+def test_the_model_with_a_frozen_decoder_encodes_and_caches_as_the_model_does() -> None:
     torch.manual_seed(0)
     model = Seq2SeqTransformer(tiny_config(vocab_size=60)).eval()
     src = random_ids(5, 7, vocab=60)
@@ -43,9 +43,11 @@ def test_the_frozen_model_encodes_and_caches_as_the_model_does() -> None:
         memory, src_mask, _ = model.encode(src)
         cache = model.init_cache(memory, src_mask, 10)
     frozen, _ = DecodingWeights(model).frozen(5)
-    assert isinstance(frozen.encoder.layers[0].ffn.linear1, FrozenLinear)
+    assert frozen.encoder is model.encoder  # run once per batch: not frozen
     assert isinstance(frozen.decoder.layers[0].cross_attn.in_proj, FrozenLinear)
-    assert frozen.encoder.layers[0].ffn.linear1.weight is model.encoder.layers[0].ffn.linear1.weight
+    assert frozen.decoder.layers[0].ffn.linear1.weight is model.decoder.layers[0].ffn.linear1.weight
+    assert isinstance(model.decoder.layers[0].ffn.linear1, torch.nn.Linear)  # left as it was
+    assert not isinstance(model.decoder.layers[0].ffn.linear1, FrozenLinear)
     for ours, theirs in zip(
         decoder.cache.cross_keys + decoder.cache.cross_values,
         cache.cross_keys + cache.cross_values,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Hashable, Sequence
 
 from torch import Tensor
@@ -12,9 +13,13 @@ from qkv.model.seq2seq import Seq2SeqTransformer
 
 
 class DecodingWeights:
-    """A model frozen for decoding (`frozen_copy`: its encoder, the cross-attention keys and
-    values and its decoder; `OutputLayer`: its output layer), made once for the
-    `ModelDecoder`s of many batches.
+    """A model whose decoder is frozen for decoding (`frozen_copy`: every linear layer of the
+    decoder layers; `OutputLayer`: its output layer), made once for the `ModelDecoder`s of
+    many batches.
+
+    The encoder is the model's own: it runs once per batch, over all of the batch's source
+    tokens at once, where its products are as fast without a reordered copy of its weights,
+    which would take memory besides (`benchmarks/frozen_ab.py --change encoder`).
 
     Reordering the weights costs about as much as one or two decoding steps; a batch of
     greedy decoding takes some fifty. They are made again when a weight of the model has
@@ -31,12 +36,14 @@ class DecodingWeights:
         self._made: tuple[Hashable, Seq2SeqTransformer, OutputLayer] | None = None
 
     def frozen(self, rows: int) -> tuple[Seq2SeqTransformer, OutputLayer]:
-        """The frozen model (sharing the model's parameters) and output layer; `rows`, the
-        usual number of rows per step, is a hint for the layout of the weights when they are
-        made."""
+        """The model with its decoder frozen (sharing the model's parameters) and the frozen
+        output layer; `rows`, the usual number of rows per step, is a hint for the layout of
+        the weights when they are made."""
         stamp = self._stamp()
         if self._made is None or self._made[0] != stamp:
-            model = frozen_copy(self.model, rows)
+            model = copy.copy(self.model)  # a new object whose attributes are the model's own
+            model._modules = {**self.model._modules}
+            model.decoder = frozen_copy(self.model.decoder, rows)
             self._made = stamp, model, OutputLayer(self.model.output, rows)
         return self._made[1], self._made[2]
 
@@ -52,7 +59,7 @@ class DecodingWeights:
 class ModelDecoder:
     """Encodes a batch of sources once, then decodes step by step on a preallocated cache.
 
-    Every linear layer of the model is frozen (`DecodingWeights`): decoding does not change
+    Every linear layer of the decoder is frozen (`DecodingWeights`): decoding does not change
     the weights. Greedy search asks for `step_argmax`,
     whose argmax is screened in bf16 where the CPU multiplies bf16 natively, and settled in
     float32.
