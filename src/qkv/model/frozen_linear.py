@@ -5,8 +5,9 @@ reorder a weight once into its blocked layout, which its matmul then streams fas
 row-major one (`qkv.model.linear`, and faster still than the BLAS behind `F.linear`). This is
 what `torch.compile` does to frozen CPU linears; the two operators are called here directly,
 eagerly. For the decoder (`frozen_copy`: every linear layer of the decoder layers, beside the
-output layer) greedy decoding of the benchmark model was 1.08–1.14× as fast, beam-5 1.06–1.10×;
-the encoder and the cross-attention keys and values besides, greedy 1.08× (`benchmarks/README.md`).
+output layer) greedy decoding of the benchmark model was 1.08–1.19× as fast, beam-5 1.05–1.10×
+(`benchmarks/frozen_ab.py`). The encoder, run once per batch over all its source tokens, gains
+nothing from it (`DecodingWeights`).
 Where they do not apply (a GPU, a dtype other than float32 or bf16, bf16 on a CPU without native
 bf16 matmuls, autocast, autograd, a torch built without oneDNN), the layer is `linear`.
 The numbers are those of `nn.Linear` up to float rounding (tested).
