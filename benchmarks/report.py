@@ -121,13 +121,28 @@ def pairs(results: dict[str, Any]) -> list[str]:
             )
             if peak and n:
                 mfu = 100 * 6 * n * t["a_tokens_per_s"] / 1e9 / peak
-                lines.append(f"| qkv MFU, interleaved | | {mfu:.1f} % | | |")
+                lines.append(
+                    f"| qkv MFU, interleaved | | {mfu:.1f} % | | {host_speed(results, p)} |"
+                )
         for kind, d in p.get("decode", {}).items():
             lines.append(
                 f"| {kind} sent/s | {p['b']} | {fmt(d['a_sentences_per_s'], 1)} | "
                 f"{fmt(d['b_sentences_per_s'], 1)} | {d['ratio']:.2f}× |"
             )
     return lines
+
+
+def host_speed(results: dict[str, Any], pair: dict[str, Any]) -> str:
+    """The pair phase's matmul probes beside those of qkv's own training phase: the MFU is
+    against the peak of the peak phase, and a slower stretch of the host lowers it."""
+    own = results["systems"].get("qkv", {}).get("train", {}).get("probe_gflops") or []
+    here = pair.get("probe_gflops") or []
+    if not own or not here:
+        return ""
+    return (
+        f"probes {min(here):.0f}–{max(here):.0f} GFLOP/s "
+        f"(qkv's training phase: {min(own):.0f}–{max(own):.0f})"
+    )
 
 
 def workers(results: dict[str, Any]) -> list[str]:

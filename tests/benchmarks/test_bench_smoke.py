@@ -176,7 +176,11 @@ def test_no_decode_measures_training_only(bench: object, tmp_path: Path) -> None
         assert system["train"]["identical"]["tgt_tokens_per_s"] > 0, name
         assert system["decode"] == {}, name
     assert [p["pair_part"] for p in results["pairs"]] == ["train"]
-    assert "| qkv |" in out_md.read_text()
+    text = out_md.read_text()
+    assert "| qkv |" in text
+    # the interleaved MFU, with the pair phase's probes beside those of qkv's training phase
+    mfu_line = next(line for line in text.splitlines() if "qkv MFU, interleaved" in line)
+    assert "probes" in mfu_line and "qkv's training phase" in mfu_line
 
 
 def test_no_train_measures_decoding_only(bench: object, tmp_path: Path) -> None:
