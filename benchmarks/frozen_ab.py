@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -37,7 +37,6 @@ from workload import SHAPES
 import qkv.inference.incremental as incremental
 import qkv.model.attention as attention
 from qkv.inference.incremental import DecodingWeights
-from qkv.inference.output_layer import OutputLayer
 from qkv.model.frozen_linear import frozen_copy
 from qkv.model.seq2seq import Seq2SeqTransformer
 from qkv.training.speed import tune_allocator
@@ -87,7 +86,7 @@ def compare(
     """Both ways on every batch, `passes` times, interleaved."""
     seconds: dict[bool, list[float]] = {True: [], False: []}
     found: dict[bool, list[Tensor]] = {True: [], False: []}
-    weights = {on: decoding_weights(change, on, system.model) for on in (True, False)}
+    weights = {on: DecodingWeights(system.model) for on in (True, False)}
     with torch.inference_mode():
         for on in (True, False):  # warm-up
             with way(change, on, system, weights[on]):
@@ -123,19 +122,11 @@ def compare(
     return out
 
 
-class _FrozenEncoderWeights(DecodingWeights):
-    """`DecodingWeights` whose model has a frozen copy of the encoder besides."""
-
-    def frozen(self, rows: int) -> tuple[Seq2SeqTransformer, OutputLayer]:
-        model, output = super().frozen(rows)
-        if model.encoder is self.model.encoder:  # a model made now: its encoder frozen too
-            model.encoder = frozen_copy(self.model.encoder, rows)
-        return model, output
-
-
-def decoding_weights(change: str, on: bool, model: Seq2SeqTransformer) -> DecodingWeights:
-    """The `DecodingWeights` of one way: with a frozen encoder for `encoder`'s "on" way."""
-    return _FrozenEncoderWeights(model) if change == "encoder" and on else DecodingWeights(model)
+def _everything_frozen(
+    model: Seq2SeqTransformer, rows: int, keep: Collection[str] = ()
+) -> Seq2SeqTransformer:
+    """`frozen_copy(model)` with no child kept as it is: the encoder frozen too."""
+    return frozen_copy(model, rows)
 
 
 class _Nothing:
@@ -148,7 +139,9 @@ def way(change: str, on: bool, system: Any, weights: DecodingWeights) -> Iterato
     made, frozen_linear = incremental.frozen_copy, attention.FrozenLinear
     system._weights = None if change == "kept" and not on else weights
     if change == "decoder" and not on:
-        incremental.frozen_copy = lambda module, rows: module  # type: ignore[assignment]
+        incremental.frozen_copy = lambda module, rows, keep=(): module  # type: ignore[assignment]
+    if change == "encoder" and on:
+        incremental.frozen_copy = _everything_frozen  # type: ignore[assignment]
     if change == "query" and not on:
         attention.FrozenLinear = _Nothing  # type: ignore[misc, assignment]
     try:

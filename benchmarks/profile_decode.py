@@ -27,7 +27,6 @@ import qkv.inference.incremental as incremental
 import qkv.model.attention as attention_module
 from qkv.inference.incremental import ModelDecoder
 from qkv.model.kv_cache import DecoderCache, KVCache
-from qkv.model.seq2seq import Seq2SeqTransformer
 
 ENCODER = "encoder (once per batch)"
 STEP = "model step (decoder layers + output layer)"
@@ -56,16 +55,16 @@ def timers(system: Any) -> Iterator[dict[str, float]]:
     seconds[ENCODER] += 0.0  # report the parts in this order
     wrap(ModelDecoder, "step", STEP)
     wrap(ModelDecoder, "step_argmax", STEP)
-    wrap(Seq2SeqTransformer, "encode", ENCODER)
     made = incremental.frozen_copy
 
-    def timed_copy(decoder: Any, rows: int) -> Any:
-        """The frozen copy of the decoder that `ModelDecoder` steps through, its parts wrapped
-        (not the model's own modules: the copy would call the wrappers' originals)."""
-        twin = made(decoder, rows)
-        wrap(twin, "step", LAYERS)
+    def timed_copy(model: Any, rows: int, keep: Any = ()) -> Any:
+        """The copy of the model that `ModelDecoder` encodes and steps through, its parts
+        wrapped (not the model's own modules: the copy would call the wrappers' originals)."""
+        twin = made(model, rows, keep)
+        wrap(twin, "encode", ENCODER)
+        wrap(twin.decoder, "step", LAYERS)
         qkv, q, out, ffn, norms = LAYER_PARTS[1:]
-        for layer in twin.layers:
+        for layer in twin.decoder.layers:
             wrap(layer.self_attn, "project_qkv", qkv)
             wrap(layer.cross_attn, "project_q", q)
             wrap(layer.self_attn.out_proj, "forward", out)

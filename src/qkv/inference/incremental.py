@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Hashable, Sequence
 
 from torch import Tensor
@@ -41,9 +40,7 @@ class DecodingWeights:
         the weights when they are made."""
         stamp = self._stamp()
         if self._made is None or self._made[0] != stamp:
-            model = copy.copy(self.model)  # a new object whose attributes are the model's own
-            model._modules = {**self.model._modules}
-            model.decoder = frozen_copy(self.model.decoder, rows)
+            model = frozen_copy(self.model, rows, keep=("encoder",))
             self._made = stamp, model, OutputLayer(self.model.output, rows)
         return self._made[1], self._made[2]
 

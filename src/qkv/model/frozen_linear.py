@@ -16,6 +16,7 @@ The numbers are those of `nn.Linear` up to float rounding (tested).
 from __future__ import annotations
 
 import copy
+from collections.abc import Collection
 from typing import TypeVar
 
 import torch
@@ -80,7 +81,7 @@ class FrozenLinear(nn.Module):
         return self.blocked
 
 
-def frozen_copy(module: _Module, rows: int) -> _Module:
+def frozen_copy(module: _Module, rows: int, keep: Collection[str] = ()) -> _Module:
     """A copy of `module` for decoding in which every `nn.Linear` below it is a `FrozenLinear`.
 
     The copy shares every parameter, buffer and setting of `module`; only its tree of submodules
@@ -89,9 +90,13 @@ def frozen_copy(module: _Module, rows: int) -> _Module:
     Args:
         module: e.g. a model's decoder, in eval mode.
         rows: the usual number of rows per call (a hint for the layout).
+        keep: names of `module`'s children that the copy holds as they are, not frozen.
     """
     twin = copy.copy(module)  # a new object whose attributes are the module's own
-    twin._modules = {name: _frozen(child, rows) for name, child in module._modules.items()}
+    twin._modules = {
+        name: child if name in keep else _frozen(child, rows)
+        for name, child in module._modules.items()
+    }
     return twin
 
 
