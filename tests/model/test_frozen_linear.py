@@ -134,3 +134,44 @@ def test_frozen_linear_with_relu_equals_the_layer_then_relu(rows: int) -> None:
         assert bool((out == 0).any()) and bool((out >= 0).all())
     with_autograd = FrozenLinear(layer, rows)(x, relu=True)  # the unfrozen way
     torch.testing.assert_close(with_autograd, torch.relu(layer(x)), rtol=1e-5, atol=1e-5)
+
+
+def test_reordered_only_lets_go_of_the_plain_weight_and_refuses_what_needs_it() -> None:
+    torch.manual_seed(0)
+    layer = nn.Linear(32, 300)
+    expected = layer(x := torch.randn(8, 32)).detach()
+    frozen = FrozenLinear(layer, 8).reordered_only()
+    if frozen.blocked is None:  # a torch without oneDNN: the plain weight stays, as it is
+        assert frozen.plain and frozen.weight is layer.weight
+        return
+    assert not frozen.plain and frozen.linear.weight.numel() == 0
+    assert layer.weight.shape == (300, 32)  # the layer it was made from is left as it was
+    with torch.inference_mode():
+        torch.testing.assert_close(frozen(x), expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="kept only its reordered weight"):
+        frozen(x)  # under autograd
+    with pytest.raises(RuntimeError, match="kept only its reordered weight"):
+        frozen.weight  # noqa: B018
+
+
+def test_reordered_only_keeps_the_plain_weight_where_it_cannot_reorder() -> None:
+    layer = nn.Linear(8, 4).to(torch.float16)
+    frozen = FrozenLinear(layer, 3).reordered_only()
+    assert frozen.plain and frozen.blocked is None
+    with torch.inference_mode():
+        x = torch.randn(3, 8, dtype=torch.float16)
+        assert torch.equal(frozen(x), layer(x))
+
+
+def test_a_frozen_decoder_reorders_what_runs_every_step_not_the_sources_keys_values() -> None:
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(tiny_config()).eval()
+    frozen = frozen_copy(model, 8, keep=("encoder",))
+    src, tgt = random_ids(8, 6), random_ids(8, 1)
+    with torch.inference_mode():
+        memory, src_mask, _ = frozen.encode(src)
+        frozen.decoder.step(tgt, frozen.init_cache(memory, src_mask, max_len=2))
+    for layer in frozen.decoder.layers:
+        cross = layer.cross_attn.in_proj
+        assert list(cross._parts) == [(0, model.config.d_model)]  # the queries' rows alone
+        assert all(isinstance(m, FrozenLinear) for m in (layer.self_attn.in_proj, cross))

@@ -12,9 +12,10 @@ from qkv.model.seq2seq import Seq2SeqTransformer
 
 
 class DecodingWeights:
-    """A model whose decoder is frozen for decoding (`frozen_copy`: every linear layer of the
+    """A model whose decoder is frozen for decoding (`frozen_copy`: the linear layers of the
     decoder layers; `OutputLayer`: its output layer), made once for the `ModelDecoder`s of
-    many batches.
+    many batches. The rows of cross-attention's projection that make the source's keys and
+    values, once per batch, are left as they are (`MultiHeadAttention._project`).
 
     The encoder is the model's own: it runs once per batch, over all of the batch's source
     tokens at once, where its products are as fast without a reordered copy of its weights,
@@ -56,7 +57,7 @@ class DecodingWeights:
 class ModelDecoder:
     """Encodes a batch of sources once, then decodes step by step on a preallocated cache.
 
-    Every linear layer of the decoder is frozen (`DecodingWeights`): decoding does not change
+    The decoder's linear layers are frozen (`DecodingWeights`): decoding does not change
     the weights. Greedy search asks for `step_argmax`,
     whose argmax is screened in bf16 where the CPU multiplies bf16 natively, and settled in
     float32.

@@ -62,7 +62,7 @@ class OutputLayer:
     for float32 rows x (N, D) on the CPU.
 
     The weight is reordered at the first call, and copied and rounded to bf16 at the first
-    `argmax`: make a new one after it changes.
+    `argmax` (the copy held reordered only, where it can be): make a new one after it changes.
 
     Args:
         linear: the output layer, (V, D) weight and an optional bias.
@@ -129,7 +129,9 @@ class OutputLayer:
         # 1 % to spare.
         scale = 2.02 * ((c + 5 * _DELTA) * w_max + flushed)
         offset = 2.02 * (5 * _DELTA * b_max + flushed * w_max) + 1e-30
-        self._screen.append(_Screen(FrozenLinear(as_linear(rounded), self.rows), scale, offset))
+        # The bf16 copy is the screen's own: once reordered, its plain layout is let go.
+        screen = FrozenLinear(as_linear(rounded), self.rows).reordered_only()
+        self._screen.append(_Screen(screen, scale, offset))
         return self._screen[0]
 
     def argmax(self, x: Tensor) -> Tensor:
@@ -156,7 +158,8 @@ class OutputLayer:
         """x (N, D) float32 -> argmax (N,) long; V for a row with no candidate."""
         n, vocab_size = x.size(0), self.vocab_size
         screen = self._screen[0] if self._screen else self._prepare_screen()
-        screened = screen.rounded(x.to(torch.bfloat16)).float()  # (N, V')
+        with torch.no_grad():  # an argmax has no gradient; the bf16 copy may be reordered only
+            screened = screen.rounded(x.to(torch.bfloat16)).float()  # (N, V')
         if self.bias is not None:
             screened[:, :vocab_size] += self.bias
         if screened.size(1) > vocab_size:

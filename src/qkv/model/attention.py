@@ -203,8 +203,10 @@ class MultiHeadAttention(nn.Module):
 
     def _project(self, x: Tensor, first: int, last: int) -> Tensor:
         """x (..., D) through rows [first * D, last * D) of `in_proj` (0 q, 1 k, 2 v)."""
-        if isinstance(self.in_proj, FrozenLinear):  # decoding: that part of it, frozen too
-            return self.in_proj.part(first * self.d_model, last * self.d_model)(x)
+        if isinstance(self.in_proj, FrozenLinear) and first == 0:
+            # Decoding's queries, at every step: that part of it, frozen too. The source's keys
+            # and values are projected once per batch, where a reordered copy gains nothing.
+            return self.in_proj.part(0, last * self.d_model)(x)
         rows = slice(first * self.d_model, last * self.d_model)
         bias = None if self.in_proj.bias is None else self.in_proj.bias[rows]
         return linear(x, self.in_proj.weight[rows], bias)  # (..., (last - first) * D)

@@ -4,7 +4,7 @@ Decoding multiplies the same weights by a few dozen or hundred rows at every ste
 reorder a weight once into its blocked layout, which its matmul then streams faster than the
 row-major one (`qkv.model.linear`, and faster still than the BLAS behind `F.linear`). This is
 what `torch.compile` does to frozen CPU linears; the two operators are called here directly,
-eagerly. For the decoder (`frozen_copy`: every linear layer of the decoder layers, beside the
+eagerly. For the decoder (`frozen_copy`: the linear layers of the decoder layers, beside the
 output layer) greedy decoding of the benchmark model was 1.08–1.19× as fast, beam-5 1.05–1.10×
 (`benchmarks/frozen_ab.py`). The encoder, run once per batch over all its source tokens, gains
 nothing from it (`DecodingWeights`).
@@ -44,11 +44,13 @@ class FrozenLinear(nn.Module):
         self.reorders = _applies(linear.weight)  # False: the layer as it is, always
         self.blocked: Tensor | None = None  # made at the first call that uses it
         self.bias = None if linear.bias is None else linear.bias.detach()
+        self.plain = True  # False once `reordered_only` has let go of the (out, in) weight
         self._parts: dict[tuple[int, int], FrozenLinear] = {}
 
     @property
     def weight(self) -> Tensor:
         """The layer's own (out, in) weight, for code that slices it."""
+        self._check_plain()
         return self.linear.weight
 
     def forward(self, x: Tensor, relu: bool = False) -> Tensor:
@@ -56,6 +58,7 @@ class FrozenLinear(nn.Module):
         writes the product, where the weight is reordered)."""
         blocked = self._blocked() if _applies(x) and not torch.is_grad_enabled() else None
         if blocked is None:
+            self._check_plain()
             out = linear(x, self.linear.weight, self.linear.bias)  # (..., out)
             return torch.relu(out) if relu else out
         activation = "relu" if relu else "none"
@@ -69,6 +72,27 @@ class FrozenLinear(nn.Module):
             linear = as_linear(self.linear.weight.detach()[start:stop], bias)
             self._parts[start, stop] = FrozenLinear(linear, self.rows)
         return self._parts[start, stop]
+
+    def reordered_only(self) -> FrozenLinear:
+        """Reorder the weight now and let go of the plain one; returns the layer.
+
+        For a layer that is its weight's only holder (a copy made for it), so that the two
+        layouts are not both kept. Where the weight cannot be reordered, the plain one stays.
+        Once it has gone, a call that cannot use the reordered copy (under autograd, or with
+        inputs of another dtype or device) raises RuntimeError, as does `weight`.
+        """
+        if self._blocked() is not None:
+            empty = self.linear.weight.detach().new_empty(0, self.linear.in_features)  # (0, in)
+            self.linear = as_linear(empty)
+            self.plain = False
+        return self
+
+    def _check_plain(self) -> None:
+        if not self.plain:
+            raise RuntimeError(
+                "this frozen layer kept only its reordered weight: call it without autograd, "
+                "with inputs of the weight's dtype and device"
+            )
 
     def _blocked(self) -> Tensor | None:
         """The reordered weight, made now if not yet; None where it cannot be."""
@@ -108,7 +132,8 @@ def _frozen(module: nn.Module | None, rows: int) -> nn.Module | None:
 
 def as_linear(weight: Tensor, bias: Tensor | None = None) -> nn.Linear:
     """An `nn.Linear` around `weight` (out, in) and `bias` (out,), without copying them."""
-    layer = nn.Linear(weight.size(1), weight.size(0), bias=bias is not None, device="meta")
+    layer = nn.Linear(1, 1, bias=bias is not None, device="meta")  # its parameters replaced
+    layer.in_features, layer.out_features = weight.size(1), weight.size(0)
     layer.weight = nn.Parameter(weight, requires_grad=False)
     if bias is not None:
         layer.bias = nn.Parameter(bias, requires_grad=False)
