@@ -152,6 +152,8 @@ def test_reordered_only_lets_go_of_the_plain_weight_and_refuses_what_needs_it() 
         frozen(x)  # under autograd
     with pytest.raises(RuntimeError, match="kept only its reordered weight"):
         frozen.weight  # noqa: B018
+    with pytest.raises(RuntimeError, match="kept only its reordered weight"):
+        frozen.part(0, 100)  # its rows are gone with the plain weight
 
 
 def test_reordered_only_keeps_the_plain_weight_where_it_cannot_reorder() -> None:

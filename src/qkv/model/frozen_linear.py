@@ -69,7 +69,7 @@ class FrozenLinear(nn.Module):
         projection), frozen in turn; made once."""
         if (start, stop) not in self._parts:
             bias = None if self.bias is None else self.bias[start:stop]
-            linear = as_linear(self.linear.weight.detach()[start:stop], bias)
+            linear = as_linear(self.weight.detach()[start:stop], bias)  # needs the plain one
             self._parts[start, stop] = FrozenLinear(linear, self.rows)
         return self._parts[start, stop]
 
@@ -79,7 +79,7 @@ class FrozenLinear(nn.Module):
         For a layer that is its weight's only holder (a copy made for it), so that the two
         layouts are not both kept. Where the weight cannot be reordered, the plain one stays.
         Once it has gone, a call that cannot use the reordered copy (under autograd, or with
-        inputs of another dtype or device) raises RuntimeError, as does `weight`.
+        inputs of another dtype or device) raises RuntimeError, as do `weight` and `part`.
         """
         if self._blocked() is not None:
             empty = self.linear.weight.detach().new_empty(0, self.linear.in_features)  # (0, in)
