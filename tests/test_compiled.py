@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -150,3 +151,38 @@ def test_where_dynamo_internals_cannot_be_read_every_call_goes_through_torch_com
     x = torch.randn(3, 7)
     torch.testing.assert_close(kernel(x, 2.0), _scaled_sum(x, 2.0))
     assert len(calls) == 2
+
+
+def _noisy(x: Tensor) -> Tensor:
+    return x + torch.rand_like(x)
+
+
+def test_compiling_leaves_the_global_random_state_as_it_was() -> None:
+    before = torch.get_rng_state()
+    assert compiled(_noisy, torch.zeros(6, 10)) is not None
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+@pytest.mark.parametrize(
+    "builder",
+    [
+        "qkv.model.short_softmax:_forward_kernel",
+        "qkv.model.short_softmax:_backward_kernel",
+        "qkv.training.fused_loss:_forward_kernel",
+        "qkv.training.fused_loss:_grad_kernel",
+        "qkv.training.fused_loss:_in_place_kernel",
+        "qkv.model.dropout:_hashed_kernel",
+        "qkv.model.fused_ffn:_mask_kernel",
+        "qkv.model.linear:_transpose_kernel",
+    ],
+)
+def test_the_packages_kernels_compile_without_drawing_from_the_global_generator(
+    builder: str,
+) -> None:
+    """A resumed run restores the random state and compiles again at its first step."""
+    module_name, name = builder.split(":")
+    build = getattr(importlib.import_module(module_name), name)
+    build.cache_clear()
+    before = torch.get_rng_state()
+    assert build() is not None
+    assert torch.equal(torch.get_rng_state(), before)

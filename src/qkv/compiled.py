@@ -50,6 +50,10 @@ def compiled(fn: Callable[..., Any], *example: Any) -> Callable[..., Any] | None
     function returned runs `fn` with autograd off and its tensors detached, the example's
     too, since a change of grad mode or of a tensor's `requires_grad` compiles again. `fn`
     takes positional arguments only.
+
+    A resumed training run restores the random state of the run it continues and compiles
+    again at its first step: the example must not be drawn from torch's global generator, and
+    compiling it leaves that generator as it was.
     """
     kernel = torch.compile(fn, dynamic=True)
     versions = _Versions(fn)
@@ -66,7 +70,8 @@ def compiled(fn: Callable[..., Any], *example: Any) -> Callable[..., Any] | None
             return out
 
     try:
-        run(*example)
+        with torch.random.fork_rng(devices=[]):  # compiling draws nothing from the run's RNG
+            run(*example)
     except Exception as error:  # inductor could not build or run its kernel here
         text = str(error).strip()
         reason = f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"

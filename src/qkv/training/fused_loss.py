@@ -97,8 +97,11 @@ class _FusedLoss(torch.autograd.Function):
 
 def _example() -> tuple[Tensor, Tensor, Tensor]:
     """Logits (64, 2048), labels (64,) and their log-sum-exp (64, 1) to compile on: big enough
-    that inductor spreads the loops over the cores (it decides from the first sizes it sees)."""
-    logits, labels = torch.randn(64, 2048), torch.randint(0, 2048, (64,))  # (M, V), (M,)
+    that inductor spreads the loops over the cores (it decides from the first sizes it sees).
+    Drawn from a generator of their own, not the training run's (see `qkv.compiled`)."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 2048, generator=generator)  # (M, V)
+    labels = torch.randint(0, 2048, (64,), generator=generator)  # (M,)
     return logits, labels, torch.logsumexp(logits, 1, keepdim=True)
 
 
