@@ -26,6 +26,7 @@ from torch import Tensor
 
 from qkv.model.grid import Layout, derived, grouping, layout
 from qkv.model.packing import Packing
+from qkv.model.short_softmax import softmax, softmax_backward
 
 # Up to this many queries and keys, the unfused product is the faster one on a CPU.
 SHORT = 128
@@ -76,8 +77,9 @@ def packed_attention(
     query_layout = layout(query_rows, groups)
     key_layout = query_layout if keys_values is None else layout(memory_rows, groups)
     masks = _group_masks(mask, query_layout, key_layout, heads, queries.dtype)
+    training = torch.is_grad_enabled()  # a backward may follow (off inside `apply`)
     out: Tensor = _PackedAttention.apply(
-        queries, keys_values, masks, query_layout, key_layout, heads
+        queries, keys_values, masks, query_layout, key_layout, heads, training
     )
     return out
 
@@ -141,6 +143,7 @@ class _PackedAttention(torch.autograd.Function):
         query_layout: Layout,
         key_layout: Layout,
         heads: int,
+        training: bool,
     ) -> Tensor:
         if keys_values is None:
             grids = [_to_grid(queries, query_layout, 3 * heads)]  # [q; k; v]
@@ -156,7 +159,7 @@ class _PackedAttention(torch.autograd.Function):
         for g, (bias, has_keys) in enumerate(masks):
             q, k, v = _group(grids, query_layout, key_layout, g, heads)  # (H · B_g, ·, K)
             scores = torch.baddbmm(bias, q, k.transpose(1, 2), alpha=scale)  # (HB_g, T_g, S_g)
-            weights_g = torch.softmax(scores, dim=-1)  # (HB_g, T_g, S_g)
+            weights_g = softmax(scores, training)  # (HB_g, T_g, S_g)
             if has_keys is not None:
                 weights_g.mul_(has_keys)  # zeros, and zero gradients, where no key may be attended
             torch.bmm(weights_g, v, out=query_layout.block(context, g, 1, heads)[0])
@@ -179,16 +182,16 @@ class _PackedAttention(torch.autograd.Function):
             grad_context_g = query_layout.block(grad_context, g, 1, heads)[0]  # (HB_g, T_g, K)
             torch.bmm(weights_g.transpose(1, 2), grad_context_g, out=grad_v)  # (HB_g, S_g, K)
             grad_weights = torch.bmm(grad_context_g, v.transpose(1, 2))  # (HB_g, T_g, S_g)
-            grad_scores = torch._softmax_backward_data(grad_weights, weights_g, -1, weights_g.dtype)
-            grad_scores.mul_(scale)  # (HB_g, T_g, S_g)
+            grad_scores = softmax_backward(grad_weights, weights_g, scale)  # (HB_g, T_g, S_g)
             torch.bmm(grad_scores, k, out=grad_q)  # (HB_g, T_g, K)
             torch.bmm(grad_scores.transpose(1, 2), q, out=grad_k)  # (HB_g, S_g, K)
         if n_grids == 1:
             grad_queries = _from_grid(grads[0], query_layout, query_count, 3 * heads)
-            return grad_queries, None, None, None, None, None
+            return grad_queries, None, None, None, None, None, None
         return (
             _from_grid(grads[0], query_layout, query_count, heads),
             _from_grid(grads[1], key_layout, memory_count, 2 * heads),
+            None,
             None,
             None,
             None,
