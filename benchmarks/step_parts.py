@@ -15,6 +15,9 @@ layers' products are counted as well, 2 m n k FLOPs each, for their speed inside
 speed the same products reach there.
 
     python benchmarks/step_parts.py --peak 480 --isolated
+
+With `--torch-softmax`, attention's softmax takes torch's kernels at every row length (the
+compiled loops of `qkv.model.short_softmax` off), for its part to compare.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import qkv.model.dropout as qkv_dropout
 import qkv.model.fused_ffn as qkv_fused_ffn
 import qkv.model.linear as qkv_linear
 import qkv.model.packed_attention as qkv_packed_attention
+import qkv.model.short_softmax as qkv_short_softmax
 from qkv.training.speed import tune_allocator
 
 STEP = "whole step"
@@ -43,11 +47,22 @@ WEIGHT_PRODUCTS = "  of which the weights' gradients"
 TRANSPOSES = "weight gradients' transposed copies"
 ATTENTION = "attention, forward and backward"
 GRID = "  of which rows into and out of the grid"
+SOFTMAX = "  of which the softmax, forward and backward"
 DROPOUT = "dropout, forward and backward"
 FUSED_FFN = "feed-forward's fused ReLU-and-dropout passes, forward and backward"
 LOSS = "loss, forward and backward"
 PRODUCT_RATE = "  their GFLOP/s"
-PARTS = (PRODUCTS, WEIGHT_PRODUCTS, TRANSPOSES, ATTENTION, GRID, DROPOUT, FUSED_FFN, LOSS)
+PARTS = (
+    PRODUCTS,
+    WEIGHT_PRODUCTS,
+    TRANSPOSES,
+    ATTENTION,
+    GRID,
+    SOFTMAX,
+    DROPOUT,
+    FUSED_FFN,
+    LOSS,
+)
 ONLY_WHERE_HASHED = (FUSED_FFN,)
 """Parts that a model too small for hashed dropout (`--shape tiny`) never runs."""
 
@@ -62,6 +77,8 @@ def timers(log: ProductLog) -> PartTimers:
         clock.wrap(qkv_packed_attention._PackedAttention, name, ATTENTION)
     for name in ("_to_grid", "_from_grid"):
         clock.wrap(qkv_packed_attention, name, GRID)
+    for name in ("softmax", "softmax_backward"):
+        clock.wrap(qkv_packed_attention, name, SOFTMAX)
     clock.wrap(qkv_dropout, "dropout", DROPOUT)
     clock.wrap(qkv_dropout._HashedDropout, "backward", DROPOUT)  # torch's words: autograd's
     clock.wrap(qkv_fused_ffn, "_dropout_pass", FUSED_FFN)  # its products: PRODUCTS
@@ -196,10 +213,21 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         action="store_true",
         help="also time each product of the steps in a loop of its own (about a minute)",
     )
+    parser.add_argument(
+        "--torch-softmax",
+        action="store_true",
+        help="attention's softmax by torch's kernels at every row length",
+    )
     args = parser.parse_args(argv)
     args.device, args.dtype = "cpu", "fp32"
     torch.set_num_threads(args.threads)
-    parts = measure(args)
+    short_row = qkv_short_softmax.SHORT_ROW
+    if args.torch_softmax:
+        qkv_short_softmax.SHORT_ROW = 0
+    try:
+        parts = measure(args)
+    finally:
+        qkv_short_softmax.SHORT_ROW = short_row
     print("\n".join(table(parts)))
     return parts
 

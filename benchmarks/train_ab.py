@@ -38,6 +38,8 @@ AdamW, `tune_allocator`). The "off" way undoes one change (`--change`):
   (`qkv.model.linear.padded_rows`);
 - `overwrite`: the loss's backward writes the logits' gradient into a new block instead of
   over the logits (`qkv.training.fused_loss`, `overwrite`);
+- `softmax`: attention's softmax and its gradient over rows shorter than a vector by torch's
+  kernels instead of compiled loops (`qkv.model.short_softmax`);
 - `direct`: compiled loops called through `torch.compile`'s wrapper instead of straight to
   dynamo's compiled code once its guards pass (`qkv.compiled.DIRECT`).
 
@@ -70,6 +72,7 @@ import qkv.model.grid as qkv_grid
 import qkv.model.linear as qkv_linear
 import qkv.model.packed_attention as qkv_packed_attention
 import qkv.model.packing as qkv_packing
+import qkv.model.short_softmax as qkv_short_softmax
 from qkv.training import fused_loss as qkv_fused_loss
 from qkv.training.speed import tune_allocator
 
@@ -89,6 +92,7 @@ CHANGES = {
     "rounding": "row counts rounded to 16 steps per doubling (off: 8)",
     "overwrite": "the logits' gradient written over the logits (off: into a new block)",
     "direct": "compiled loops called straight once their guards pass (off: torch.compile's way)",
+    "softmax": "short rows' softmax in compiled loops (off: torch's kernels)",
 }
 
 
@@ -155,6 +159,7 @@ _OFF: dict[str, Callable[[], Any]] = {
     "rounding": lambda: _swapped(qkv_linear, STEPS_PER_DOUBLING=8),
     "overwrite": lambda: _swapped(qkv_fused_loss, _in_place_kernel=lambda: None),
     "direct": lambda: _swapped(qkv_compiled, DIRECT=False),
+    "softmax": lambda: _swapped(qkv_short_softmax, SHORT_ROW=0),
 }
 
 

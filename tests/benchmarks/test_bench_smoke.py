@@ -380,6 +380,8 @@ def test_step_parts_times_each_part_within_the_step_and_puts_everything_back(
             vars(packed_attention._PackedAttention)["forward"],
             vars(packed_attention._PackedAttention)["backward"],
             packed_attention._to_grid,
+            packed_attention.softmax,
+            packed_attention.softmax_backward,
             dropout.dropout,
             vars(dropout._HashedDropout)["backward"],
             qkv_side.smoothed_cross_entropy,
@@ -400,6 +402,7 @@ def test_step_parts_times_each_part_within_the_step_and_puts_everything_back(
     assert 0 < parts[step_parts.PRODUCT_RATE] < math.inf
     assert 0 < parts[step_parts.ISOLATED] < math.inf
     assert parts[step_parts.GRID] < parts[step_parts.ATTENTION]
+    assert parts[step_parts.SOFTMAX] < parts[step_parts.ATTENTION]
     assert 0 < parts[step_parts.MFU] < 100
     assert "| **whole step** |" in capsys.readouterr().out
 
