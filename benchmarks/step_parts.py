@@ -17,7 +17,8 @@ speed the same products reach there.
     python benchmarks/step_parts.py --peak 480 --isolated
 
 With `--torch-softmax`, attention's softmax takes torch's kernels at every row length (the
-compiled loops of `qkv.model.short_softmax` off), for its part to compare.
+compiled loops of `qkv.model.short_softmax` off: `train_ab.py`'s `softmax` change undone),
+for its part to compare.
 """
 
 from __future__ import annotations
@@ -25,18 +26,19 @@ from __future__ import annotations
 import argparse
 import time
 from collections import Counter
+from contextlib import nullcontext
 from typing import Any
 
 import qkv_side
 import torch
 from phases import PartTimers, best_ms, build, n_targets, params, train_batches
+from train_ab import undone
 from workload import SHAPES
 
 import qkv.model.dropout as qkv_dropout
 import qkv.model.fused_ffn as qkv_fused_ffn
 import qkv.model.linear as qkv_linear
 import qkv.model.packed_attention as qkv_packed_attention
-import qkv.model.short_softmax as qkv_short_softmax
 from qkv.training.speed import tune_allocator
 
 STEP = "whole step"
@@ -221,13 +223,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     args = parser.parse_args(argv)
     args.device, args.dtype = "cpu", "fp32"
     torch.set_num_threads(args.threads)
-    short_row = qkv_short_softmax.SHORT_ROW
-    if args.torch_softmax:
-        qkv_short_softmax.SHORT_ROW = 0
-    try:
+    with undone("softmax") if args.torch_softmax else nullcontext():
         parts = measure(args)
-    finally:
-        qkv_short_softmax.SHORT_ROW = short_row
     print("\n".join(table(parts)))
     return parts
 

@@ -163,6 +163,11 @@ _OFF: dict[str, Callable[[], Any]] = {
 }
 
 
+def undone(change: str) -> Any:
+    """A context in which `change` (a name of `CHANGES`) is undone: its "off" way."""
+    return _OFF[change]()
+
+
 # What both ways do for a change that concerns a path qkv no longer takes by default.
 _BOTH: dict[str, Callable[[], Any]] = {
     "dropout": _hashed_off,
@@ -217,7 +222,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             torch.manual_seed(args.seed + i)  # the same dropout masks for both ways
             with (
                 _BOTH.get(args.change, nullcontext)(),
-                _OFF[args.change]() if name == "off" else nullcontext(),
+                undone(args.change) if name == "off" else nullcontext(),
             ):
                 start = time.perf_counter()
                 optimizer.zero_grad(set_to_none=True)

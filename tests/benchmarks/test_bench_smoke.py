@@ -407,6 +407,24 @@ def test_step_parts_times_each_part_within_the_step_and_puts_everything_back(
     assert "| **whole step** |" in capsys.readouterr().out
 
 
+def test_step_parts_with_torch_softmax_keeps_the_compiled_loops_out_and_puts_them_back(
+    bench: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import step_parts
+
+    import qkv.model.short_softmax as short_softmax
+
+    calls: list[str] = []
+    for name in ("_forward_kernel", "_backward_kernel"):
+        monkeypatch.setattr(short_softmax, name, lambda name=name: calls.append(name))
+    kept = short_softmax.SHORT_ROW
+    argv = ["--shape", "tiny", "--threads", "1", "--warmup", "1", "--steps", "2"]
+    parts = step_parts.main([*argv, "--batch-tokens", "200", "--peak", "100", "--torch-softmax"])
+    assert calls == []
+    assert kept == short_softmax.SHORT_ROW
+    assert 0 < parts[step_parts.SOFTMAX] < parts[step_parts.ATTENTION]
+
+
 def test_step_parts_counts_a_products_flops(bench: object) -> None:
     import step_parts
 
