@@ -1,4 +1,4 @@
-"""qkv's decoding with one of its frozen-weight measures and without, interleaved.
+"""qkv's decoding with one of its decoding measures and without, interleaved.
 
 Both ways run the benchmark's greedy and beam search (`QkvSystem`, the benchmark model with
 random weights, its decoding workload, exactly `--new-tokens` tokens per sentence) with the same
@@ -12,13 +12,16 @@ differ only in the measure that `--change` names:
 - `kept`: the frozen weights (`DecodingWeights`) are kept across batches, or made again for
   every batch;
 - `query`: cross-attention's query projection is a frozen part of its packed projection
-  (`FrozenLinear.part`), or `F.linear` on the sliced weight.
+  (`FrozenLinear.part`), or `F.linear` on the sliced weight;
+- `cache-attention`: attention over the caches is `eager_attention`'s two batched matmuls,
+  or torch's fused `F.scaled_dot_product_attention`.
 
 Each way but `kept`'s "off" keeps its own frozen weights across batches, made at its warm-up.
 Prints sentences per second of each, their ratio, the median ratio of paired batches, and how
 many outputs are the same.
 
-    python benchmarks/frozen_ab.py [--change decoder|encoder|kept|query] [--threads 2] [--passes 3]
+    python benchmarks/frozen_ab.py [--change decoder|encoder|kept|query|cache-attention]
+        [--threads 2] [--passes 3]
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from phases import ab_decoding_parser, build, decode_batches
 from torch import Tensor
 from workload import SHAPES
@@ -46,6 +50,7 @@ CHANGES = {
     "encoder": "frozen encoder",
     "kept": "frozen weights kept across batches",
     "query": "frozen cross-attention query",
+    "cache-attention": "batched matmuls over the caches",
 }
 """What each `--change` compares, as the report names its "on" way."""
 
@@ -129,6 +134,13 @@ def _everything_frozen(
     return frozen_copy(model, rows)
 
 
+def _fused_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float = 0.0
+) -> tuple[Tensor, None]:
+    """`eager_attention`'s context by torch's fused kernel (decoding needs no weights)."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p), None
+
+
 class _Nothing:
     """A class of which no layer is an instance."""
 
@@ -137,6 +149,7 @@ class _Nothing:
 def way(change: str, on: bool, system: Any, weights: DecodingWeights) -> Iterator[None]:
     """Decoding with the measure `change` (`on`) or without; everything put back after."""
     made, frozen_linear = incremental.frozen_copy, attention.FrozenLinear
+    eager = attention.eager_attention
     system._weights = None if change == "kept" and not on else weights
     if change == "decoder" and not on:
         incremental.frozen_copy = lambda module, rows, keep=(): module  # type: ignore[assignment]
@@ -144,10 +157,13 @@ def way(change: str, on: bool, system: Any, weights: DecodingWeights) -> Iterato
         incremental.frozen_copy = _everything_frozen  # type: ignore[assignment]
     if change == "query" and not on:
         attention.FrozenLinear = _Nothing  # type: ignore[misc, assignment]
+    if change == "cache-attention" and not on:
+        attention.eager_attention = _fused_attention  # type: ignore[assignment]
     try:
         yield
     finally:
         incremental.frozen_copy, attention.FrozenLinear = made, frozen_linear
+        attention.eager_attention = eager
         system._weights = None
 
 

@@ -215,7 +215,7 @@ def test_gemm_cache_times_the_three_ways(bench: object, capsys: pytest.CaptureFi
     assert "in sequence" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("change", ["decoder", "encoder", "kept", "query"])
+@pytest.mark.parametrize("change", ["decoder", "encoder", "kept", "query", "cache-attention"])
 def test_frozen_ab_decodes_both_ways_and_puts_everything_back(
     bench: object, capsys: pytest.CaptureFixture[str], change: str
 ) -> None:
@@ -223,6 +223,7 @@ def test_frozen_ab_decodes_both_ways_and_puts_everything_back(
 
     import qkv.inference.incremental as incremental
     import qkv.model.attention as attention
+    from qkv.model.attention import eager_attention
     from qkv.model.frozen_linear import FrozenLinear, frozen_copy
 
     argv = ["--shape", "tiny", "--threads", "1", "--sentences", "8", "--infer-batch", "4"]
@@ -235,6 +236,7 @@ def test_frozen_ab_decodes_both_ways_and_puts_everything_back(
     assert out["greedy"]["same_outputs"] == 8
     assert frozen_ab.CHANGES[change] in capsys.readouterr().out
     assert incremental.frozen_copy is frozen_copy and attention.FrozenLinear is FrozenLinear
+    assert attention.eager_attention is eager_attention
 
 
 def test_screen_ab_decodes_both_ways_to_the_same_tokens(
