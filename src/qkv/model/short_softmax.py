@@ -86,4 +86,5 @@ def _forward_kernel() -> Callable[..., Any] | None:
 @functools.cache
 def _backward_kernel() -> Callable[..., Any] | None:
     """`_softmax_grad` compiled for any sizes, or None where it cannot be."""
-    return compiled(_softmax_grad, _example(), torch.softmax(_example(), dim=-1), 0.125)
+    scores = _example()
+    return compiled(_softmax_grad, scores, torch.softmax(scores, dim=-1), 0.125)
