@@ -14,13 +14,15 @@ differ only in the measure that `--change` names:
 - `query`: cross-attention's query projection is a frozen part of its packed projection
   (`FrozenLinear.part`), or `F.linear` on the sliced weight;
 - `cache-attention`: attention over the caches is `eager_attention`'s two batched matmuls,
-  or torch's fused `F.scaled_dot_product_attention`.
+  or torch's fused `F.scaled_dot_product_attention`;
+- `int8-screen`: greedy's screen of the output layer is an int8 product, or a bf16 one (where
+  this CPU's int8 products are exact; `OutputLayer`).
 
 Each way but `kept`'s "off" keeps its own frozen weights across batches, made at its warm-up.
 Prints sentences per second of each, their ratio, the median ratio of paired batches, and how
 many outputs are the same.
 
-    python benchmarks/frozen_ab.py [--change decoder|encoder|kept|query|cache-attention]
+    python benchmarks/frozen_ab.py [--change decoder|encoder|kept|query|cache-attention|int8-screen]
         [--threads 2] [--passes 3]
 """
 
@@ -39,6 +41,7 @@ from torch import Tensor
 from workload import SHAPES
 
 import qkv.inference.incremental as incremental
+import qkv.inference.output_layer as output_layer
 import qkv.model.attention as attention
 from qkv.inference.incremental import DecodingWeights
 from qkv.model.frozen_linear import frozen_copy
@@ -51,6 +54,7 @@ CHANGES = {
     "kept": "frozen weights kept across batches",
     "query": "frozen cross-attention query",
     "cache-attention": "batched matmuls over the caches",
+    "int8-screen": "int8 screen",
 }
 """What each `--change` compares, as the report names its "on" way."""
 
@@ -149,7 +153,7 @@ class _Nothing:
 def way(change: str, on: bool, system: Any, weights: DecodingWeights) -> Iterator[None]:
     """Decoding with the measure `change` (`on`) or without; everything put back after."""
     made, frozen_linear = incremental.frozen_copy, attention.FrozenLinear
-    eager = attention.eager_attention
+    eager, exact_int8 = attention.eager_attention, output_layer.int8_matmuls_exact
     system._weights = None if change == "kept" and not on else weights
     if change == "decoder" and not on:
         incremental.frozen_copy = lambda module, rows, keep=(): module  # type: ignore[assignment]
@@ -159,11 +163,13 @@ def way(change: str, on: bool, system: Any, weights: DecodingWeights) -> Iterato
         attention.FrozenLinear = _Nothing  # type: ignore[misc, assignment]
     if change == "cache-attention" and not on:
         attention.eager_attention = _fused_attention  # type: ignore[assignment]
+    if change == "int8-screen" and not on:  # the output layer, made at the warm-up, in bf16
+        output_layer.int8_matmuls_exact = lambda: False  # type: ignore[assignment]
     try:
         yield
     finally:
         incremental.frozen_copy, attention.FrozenLinear = made, frozen_linear
-        attention.eager_attention = eager
+        attention.eager_attention, output_layer.int8_matmuls_exact = eager, exact_int8
         system._weights = None
 
 

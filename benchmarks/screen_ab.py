@@ -1,9 +1,11 @@
-"""qkv's greedy decoding with its output layer's argmax screened in bf16 and without, interleaved.
+"""qkv's greedy decoding with its output layer's argmax screened and without, interleaved.
 
 Both ways run `greedy_search` over `ModelDecoder` with the same weights on the same batches,
 taking turns batch by batch (who goes first alternates); they differ only in
-`OutputLayer.screens`. Prints sentences per second of each, their ratio, the median ratio of
-paired batches, the screen's candidates per row, and whether the tokens are the same.
+`OutputLayer.screens` (the screen in int8 or bf16, as `OutputLayer` makes it on this CPU;
+`frozen_ab.py --change int8-screen` sets the two against each other). Prints sentences per
+second of each, their ratio, the median ratio of paired batches, the screen's candidates per
+row, and whether the tokens are the same.
 
 By default: the benchmark model (random weights) and its decoding workload, EOS masked so that
 every sentence gets exactly `--new-tokens` tokens. With `--run RUN --src FILE`: a trained run on

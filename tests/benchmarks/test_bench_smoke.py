@@ -215,14 +215,18 @@ def test_gemm_cache_times_the_three_ways(bench: object, capsys: pytest.CaptureFi
     assert "in sequence" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("change", ["decoder", "encoder", "kept", "query", "cache-attention"])
+@pytest.mark.parametrize(
+    "change", ["decoder", "encoder", "kept", "query", "cache-attention", "int8-screen"]
+)
 def test_frozen_ab_decodes_both_ways_and_puts_everything_back(
     bench: object, capsys: pytest.CaptureFixture[str], change: str
 ) -> None:
     import frozen_ab
 
     import qkv.inference.incremental as incremental
+    import qkv.inference.output_layer as output_layer
     import qkv.model.attention as attention
+    from qkv.inference.output_layer import int8_matmuls_exact
     from qkv.model.attention import eager_attention
     from qkv.model.frozen_linear import FrozenLinear, frozen_copy
 
@@ -237,6 +241,7 @@ def test_frozen_ab_decodes_both_ways_and_puts_everything_back(
     assert frozen_ab.CHANGES[change] in capsys.readouterr().out
     assert incremental.frozen_copy is frozen_copy and attention.FrozenLinear is FrozenLinear
     assert attention.eager_attention is eager_attention
+    assert output_layer.int8_matmuls_exact is int8_matmuls_exact
 
 
 def test_screen_ab_decodes_both_ways_to_the_same_tokens(
