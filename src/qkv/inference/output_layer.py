@@ -210,8 +210,8 @@ class OutputLayer:
             steps = (rows / step).round_().clamp_(-127, 127)  # (c, D) integers in float32
             quantized[start : start + len(rows)] = steps.to(torch.int8)
             exact = steps.double() * step  # (c, D) s ŵ_v, exact in float64
-            residual = max(residual, float(_row_norms(rows.double() - exact).max()))
-            kept = max(kept, float(_row_norms(exact).max()))
+            residual = max(residual, float(torch.linalg.vector_norm(rows - exact, dim=1).max()))
+            kept = max(kept, float(torch.linalg.vector_norm(exact, dim=1).max()))
         w_max = float(_norms(weight).max())
         # Twice the bound, over s (a row's t divides at each call): ‖h‖ (max ‖r_v‖, the float32
         # sums' 2dδ w_max, and 3δ max ‖s ŵ_v‖ for the rounding of ‖q‖) and ‖q‖ max ‖s ŵ_v‖.
@@ -333,11 +333,6 @@ def _token_ids(never: Sequence[int], vocab_size: int, device: torch.device) -> T
 NORM_CHUNK = 1024
 """Rows whose norms are taken at once: the float64 copy of a vocabulary's weight (V, D) would
 add 16 MB to decoding's peak memory at V = 8,000."""
-
-
-def _row_norms(rows: Tensor) -> Tensor:
-    """Euclidean norms of the rows (N, D) -> (N,), in their dtype."""
-    return torch.linalg.vector_norm(rows, dim=1)
 
 
 def _norms(rows: Tensor) -> Tensor:
