@@ -16,13 +16,16 @@ differ only in the measure that `--change` names:
 - `cache-attention`: attention over the caches is `eager_attention`'s two batched matmuls,
   or torch's fused `F.scaled_dot_product_attention`;
 - `int8-screen`: greedy's screen of the output layer is an int8 product, or a bf16 one (where
-  this CPU's int8 products are exact; `OutputLayer`).
+  this CPU's int8 products are exact; `OutputLayer`);
+- `step-major`: the self-attention caches start step-major, (T_max, N, H, K), or row-major,
+  (N, H, T_max, K) (`KVCache`).
 
 Each way but `kept`'s "off" keeps its own frozen weights across batches, made at its warm-up.
 Prints sentences per second of each, their ratio, the median ratio of paired batches, and how
 many outputs are the same.
 
-    python benchmarks/frozen_ab.py [--change decoder|encoder|kept|query|cache-attention|int8-screen]
+    python benchmarks/frozen_ab.py
+        [--change decoder|encoder|kept|query|cache-attention|int8-screen|step-major]
         [--threads 2] [--passes 3]
 """
 
@@ -43,8 +46,10 @@ from workload import SHAPES
 import qkv.inference.incremental as incremental
 import qkv.inference.output_layer as output_layer
 import qkv.model.attention as attention
+import qkv.model.seq2seq as seq2seq
 from qkv.inference.incremental import DecodingWeights
 from qkv.model.frozen_linear import frozen_copy
+from qkv.model.kv_cache import KVCache
 from qkv.model.seq2seq import Seq2SeqTransformer
 from qkv.training.speed import tune_allocator
 
@@ -55,6 +60,7 @@ CHANGES = {
     "query": "frozen cross-attention query",
     "cache-attention": "batched matmuls over the caches",
     "int8-screen": "int8 screen",
+    "step-major": "step-major caches",
 }
 """What each `--change` compares, as the report names its "on" way."""
 
@@ -145,6 +151,24 @@ def _fused_attention(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p), None
 
 
+class _RowMajorKVCache(KVCache):
+    """`KVCache` with row-major (N, H, T_max, K) buffers from the start."""
+
+    def __init__(
+        self,
+        rows: int,
+        n_heads: int,
+        head_dim: int,
+        max_len: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | None = None,
+    ) -> None:
+        super().__init__(rows, n_heads, head_dim, max_len, dtype, device)
+        shape = (rows, n_heads, max_len, head_dim)
+        self._all_keys = self.keys = torch.empty(shape, dtype=dtype, device=device)
+        self._all_values = self.values = torch.empty(shape, dtype=dtype, device=device)
+
+
 class _Nothing:
     """A class of which no layer is an instance."""
 
@@ -154,6 +178,7 @@ def way(change: str, on: bool, system: Any, weights: DecodingWeights) -> Iterato
     """Decoding with the measure `change` (`on`) or without; everything put back after."""
     made, frozen_linear = incremental.frozen_copy, attention.FrozenLinear
     eager, exact_int8 = attention.eager_attention, output_layer.int8_matmuls_exact
+    cache = seq2seq.KVCache
     system._weights = None if change == "kept" and not on else weights
     if change == "decoder" and not on:
         incremental.frozen_copy = lambda module, rows, keep=(): module  # type: ignore[assignment]
@@ -165,11 +190,14 @@ def way(change: str, on: bool, system: Any, weights: DecodingWeights) -> Iterato
         attention.eager_attention = _fused_attention  # type: ignore[assignment]
     if change == "int8-screen" and not on:  # the output layer, made at the warm-up, in bf16
         output_layer.int8_matmuls_exact = lambda: False  # type: ignore[assignment]
+    if change == "step-major" and not on:
+        seq2seq.KVCache = _RowMajorKVCache  # type: ignore[misc]
     try:
         yield
     finally:
         incremental.frozen_copy, attention.FrozenLinear = made, frozen_linear
         attention.eager_attention, output_layer.int8_matmuls_exact = eager, exact_int8
+        seq2seq.KVCache = cache  # type: ignore[misc]
         system._weights = None
 
 

@@ -216,7 +216,8 @@ def test_gemm_cache_times_the_three_ways(bench: object, capsys: pytest.CaptureFi
 
 
 @pytest.mark.parametrize(
-    "change", ["decoder", "encoder", "kept", "query", "cache-attention", "int8-screen"]
+    "change",
+    ["decoder", "encoder", "kept", "query", "cache-attention", "int8-screen", "step-major"],
 )
 def test_frozen_ab_decodes_both_ways_and_puts_everything_back(
     bench: object, capsys: pytest.CaptureFixture[str], change: str
@@ -226,9 +227,11 @@ def test_frozen_ab_decodes_both_ways_and_puts_everything_back(
     import qkv.inference.incremental as incremental
     import qkv.inference.output_layer as output_layer
     import qkv.model.attention as attention
+    import qkv.model.seq2seq as seq2seq
     from qkv.inference.output_layer import int8_matmuls_exact
     from qkv.model.attention import eager_attention
     from qkv.model.frozen_linear import FrozenLinear, frozen_copy
+    from qkv.model.kv_cache import KVCache
 
     argv = ["--shape", "tiny", "--threads", "1", "--sentences", "8", "--infer-batch", "4"]
     argv += ["--new-tokens", "3", "--passes", "1", "--beam", "2", "--change", change]
@@ -242,6 +245,7 @@ def test_frozen_ab_decodes_both_ways_and_puts_everything_back(
     assert incremental.frozen_copy is frozen_copy and attention.FrozenLinear is FrozenLinear
     assert attention.eager_attention is eager_attention
     assert output_layer.int8_matmuls_exact is int8_matmuls_exact
+    assert seq2seq.KVCache is KVCache
 
 
 def test_screen_ab_decodes_both_ways_to_the_same_tokens(

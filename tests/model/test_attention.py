@@ -118,10 +118,14 @@ def test_fully_masked_rows_are_finite_zeros() -> None:
         torch.testing.assert_close(out[1], attn.out_proj.bias.expand(3, 16))
 
 
+@pytest.mark.parametrize("layout", ["row-major", "step-major"])
 @pytest.mark.parametrize("queries", [1, 5])
-def test_eager_attention_equals_the_fused_kernel_on_cache_slices(queries: int) -> None:
+def test_eager_attention_equals_the_fused_kernel_on_cache_slices(queries: int, layout: str) -> None:
     q = torch.randn(3, 2, queries, 8)
-    keys, values = torch.randn(3, 2, 10, 8), torch.randn(3, 2, 10, 8)  # cache buffers
+    if layout == "row-major":  # cache buffers (B, H, S_max, K)
+        keys, values = torch.randn(3, 2, 10, 8), torch.randn(3, 2, 10, 8)
+    else:  # (B, H, S_max, K) views of (S_max, B, H, K) buffers
+        keys, values = (torch.randn(10, 3, 2, 8).permute(1, 2, 0, 3) for _ in range(2))
     k, v = keys[:, :, :6], values[:, :, :6]  # the filled steps: a strided view
     mask = torch.ones(3, 1, 1, 6, dtype=torch.bool)
     mask[1, ..., 4:] = False

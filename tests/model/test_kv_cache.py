@@ -76,3 +76,15 @@ def test_select_writes_in_place_and_keeps_rows_that_stay() -> None:
         assert cache.keys.data_ptr() == buffer  # no new memory while rows <= 4
     cache.select(torch.tensor([0, 1, 2, 2, 1]))  # more rows than ever: new buffers
     assert cache.keys.shape[0] == 5 and cache.keys.data_ptr() != buffer
+
+
+def test_rows_start_step_major_and_turn_row_major_when_they_grow() -> None:
+    cache = KVCache(rows=3, n_heads=2, head_dim=4, max_len=5)
+    keys, _ = cache.append(torch.randn(3, 2, 1, 4), torch.randn(3, 2, 1, 4))
+    # A step's keys for all rows are one block; N and H merge without a copy.
+    assert cache.keys.stride() == (8, 4, 24, 1)  # (N, H, T, K) over (T, N, H, K)
+    assert keys.reshape(6, 1, 4).data_ptr() == keys.data_ptr()
+    cache.select(torch.tensor([2, 0]))  # fewer rows: moved in place, still step-major
+    assert cache.keys.shape == (2, 2, 5, 4) and cache.keys.stride() == (8, 4, 24, 1)
+    cache.select(torch.tensor([0, 0, 1, 1]))  # more rows than ever (beams): row-major
+    assert cache.keys.is_contiguous()

@@ -28,6 +28,15 @@ class SelfAttentionCache(Protocol):
 class KVCache:
     """Preallocated keys and values of one self-attention layer.
 
+    The buffers start step-major, (T_max, N, H, K): a step's keys for all rows lie side by side,
+    so that an append writes one block, and the batched products over the cache read each
+    step's rows together. `keys` and `values` are (N, H, T_max, K) views of them, whose N and
+    H merge without a copy. Greedy decoding of the benchmark was 1.07× as fast as with
+    row-major (N, H, T_max, K) buffers (`benchmarks/README.md`). Rows that grow in number
+    (beam search's expansion) get new buffers, row-major: beam search then reorders rows at
+    every step, and a row-major row moves as a few whole blocks, where a step-major one is
+    scattered over every step (the reorder took 2.4 against 4.6 ms a beam-5 step).
+
     Args:
         rows: N, the number of sequences decoded together.
         n_heads, head_dim: H and K.
@@ -43,12 +52,12 @@ class KVCache:
         dtype: torch.dtype = torch.float32,
         device: torch.device | None = None,
     ) -> None:
-        shape = (rows, n_heads, max_len, head_dim)
+        shape = (max_len, rows, n_heads, head_dim)
         # Rows live in the first N rows of buffers that grow only when N does (beam expansion).
-        self._key_buffer = torch.empty(shape, dtype=dtype, device=device)  # (N_max, H, T_max, K)
-        self._value_buffer = torch.empty(shape, dtype=dtype, device=device)  # (N_max, H, T_max, K)
-        self.keys = self._key_buffer  # (N, H, T_max, K)
-        self.values = self._value_buffer  # (N, H, T_max, K)
+        self._all_keys = torch.empty(shape, dtype=dtype, device=device).permute(1, 2, 0, 3)
+        self._all_values = torch.empty(shape, dtype=dtype, device=device).permute(1, 2, 0, 3)
+        self.keys = self._all_keys  # (N, H, T_max, K)
+        self.values = self._all_values  # (N, H, T_max, K)
         self.length = 0
 
     @property
@@ -76,16 +85,16 @@ class KVCache:
             self.keys, self.values = self.keys[rows], self.values[rows]  # (N', H, T_max, K)
             return
         count, end = rows.numel(), self.length
-        if count > self._key_buffer.size(0):  # more rows than ever: new buffers
+        if count > self._all_keys.size(0):  # more rows than ever: new buffers, row-major
             shape = (count, *self.keys.shape[1:])
             keys, values = self.keys.new_empty(shape), self.values.new_empty(shape)
             torch.index_select(self.keys[:, :, :end], 0, rows, out=keys[:, :, :end])
             torch.index_select(self.values[:, :, :end], 0, rows, out=values[:, :, :end])
-            self._key_buffer, self._value_buffer = keys, values
+            self._all_keys, self._all_values = keys, values
         else:
-            filled = [buffer[:, :, :end] for buffer in (self._key_buffer, self._value_buffer)]
+            filled = [buffer[:, :, :end] for buffer in (self._all_keys, self._all_values)]
             move_rows(filled, rows)  # (N_max, H, length, K) each
-        self.keys, self.values = self._key_buffer[:count], self._value_buffer[:count]
+        self.keys, self.values = self._all_keys[:count], self._all_values[:count]
 
 
 @dataclass
