@@ -154,17 +154,9 @@ def _fused_attention(
 class _RowMajorKVCache(KVCache):
     """`KVCache` with row-major (N, H, T_max, K) buffers from the start."""
 
-    def __init__(
-        self,
-        rows: int,
-        n_heads: int,
-        head_dim: int,
-        max_len: int,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | None = None,
-    ) -> None:
-        super().__init__(rows, n_heads, head_dim, max_len, dtype, device)
-        shape = (rows, n_heads, max_len, head_dim)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        shape, dtype, device = self.keys.shape, self.keys.dtype, self.keys.device
         self._all_keys = self.keys = torch.empty(shape, dtype=dtype, device=device)
         self._all_values = self.values = torch.empty(shape, dtype=dtype, device=device)
 
