@@ -31,11 +31,12 @@ class KVCache:
     The buffers start step-major, (T_max, N, H, K): a step's keys for all rows lie side by side,
     so that an append writes one block, and the batched products over the cache read each
     step's rows together. `keys` and `values` are (N, H, T_max, K) views of them, whose N and
-    H merge without a copy. Greedy decoding of the benchmark was 1.07× as fast as with
-    row-major (N, H, T_max, K) buffers (`benchmarks/README.md`). Rows that grow in number
-    (beam search's expansion) get new buffers, row-major: beam search then reorders rows at
-    every step, and a row-major row moves as a few whole blocks, where a step-major one is
-    scattered over every step (the reorder took 2.4 against 4.6 ms a beam-5 step).
+    H merge without a copy. Greedy decoding of the benchmark was 1.06× as fast as with
+    row-major (N, H, T_max, K) buffers (`benchmarks/frozen_ab.py --change step-major`). Rows
+    that grow in number (beam search's expansion) get new buffers, row-major: beam search then
+    reorders rows at every step, and a row-major row moves as a few whole blocks, where a
+    step-major one is scattered over every step (the reorder took 2.4 against 4.6 ms a beam-5
+    step).
 
     Args:
         rows: N, the number of sequences decoded together.
@@ -52,10 +53,11 @@ class KVCache:
         dtype: torch.dtype = torch.float32,
         device: torch.device | None = None,
     ) -> None:
-        shape = (max_len, rows, n_heads, head_dim)
+        shape = (max_len, rows, n_heads, head_dim)  # (T_max, N_max, H, K)
         # Rows live in the first N rows of buffers that grow only when N does (beam expansion).
         self._all_keys = torch.empty(shape, dtype=dtype, device=device).permute(1, 2, 0, 3)
         self._all_values = torch.empty(shape, dtype=dtype, device=device).permute(1, 2, 0, 3)
+        # Both (N_max, H, T_max, K) views of step-major buffers.
         self.keys = self._all_keys  # (N, H, T_max, K)
         self.values = self._all_values  # (N, H, T_max, K)
         self.length = 0
