@@ -18,14 +18,16 @@ differ only in the measure that `--change` names:
 - `int8-screen`: greedy's screen of the output layer is an int8 product, or a bf16 one (where
   this CPU's int8 products are exact; `OutputLayer`);
 - `step-major`: the self-attention caches start step-major, (T_max, N, H, K), or row-major,
-  (N, H, T_max, K) (`KVCache`).
+  (N, H, T_max, K) (`KVCache`);
+- `held`: beam search's reordering copies only the cached steps that a row's new place does
+  not hold already, or whole rows (`DecoderCache.select`).
 
 Each way but `kept`'s "off" keeps its own frozen weights across batches, made at its warm-up.
 Prints sentences per second of each, their ratio, the median ratio of paired batches, and how
 many outputs are the same.
 
     python benchmarks/frozen_ab.py
-        [--change decoder|encoder|kept|query|cache-attention|int8-screen|step-major]
+        [--change decoder|encoder|kept|query|cache-attention|int8-screen|step-major|held]
         [--threads 2] [--passes 3]
 """
 
@@ -61,6 +63,7 @@ CHANGES = {
     "cache-attention": "batched matmuls over the caches",
     "int8-screen": "int8 screen",
     "step-major": "step-major caches",
+    "held": "held steps left in place",
 }
 """What each `--change` compares, as the report names its "on" way."""
 
@@ -161,6 +164,13 @@ class _RowMajorKVCache(KVCache):
         self._all_values = self.values = torch.empty(shape, dtype=dtype, device=device)
 
 
+def _select_whole_rows(
+    decoder: incremental.ModelDecoder, rows: Tensor, held: Tensor | None = None
+) -> None:
+    """`ModelDecoder.select` that copies whole rows: `held` not passed on."""
+    decoder.cache.select(rows)
+
+
 class _Nothing:
     """A class of which no layer is an instance."""
 
@@ -170,7 +180,7 @@ def way(change: str, on: bool, system: Any, weights: DecodingWeights) -> Iterato
     """Decoding with the measure `change` (`on`) or without; everything put back after."""
     made, frozen_linear = incremental.frozen_copy, attention.FrozenLinear
     eager, exact_int8 = attention.eager_attention, output_layer.int8_matmuls_exact
-    cache = seq2seq.KVCache
+    cache, select = seq2seq.KVCache, incremental.ModelDecoder.select
     system._weights = None if change == "kept" and not on else weights
     if change == "decoder" and not on:
         incremental.frozen_copy = lambda module, rows, keep=(): module  # type: ignore[assignment]
@@ -184,12 +194,15 @@ def way(change: str, on: bool, system: Any, weights: DecodingWeights) -> Iterato
         output_layer.int8_matmuls_exact = lambda: False  # type: ignore[assignment]
     if change == "step-major" and not on:
         seq2seq.KVCache = _RowMajorKVCache  # type: ignore[misc]
+    if change == "held" and not on:
+        incremental.ModelDecoder.select = _select_whole_rows  # type: ignore[method-assign]
     try:
         yield
     finally:
         incremental.frozen_copy, attention.FrozenLinear = made, frozen_linear
         attention.eager_attention, output_layer.int8_matmuls_exact = eager, exact_int8
         seq2seq.KVCache = cache  # type: ignore[misc]
+        incremental.ModelDecoder.select = select  # type: ignore[method-assign]
         system._weights = None
 
 

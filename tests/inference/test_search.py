@@ -15,6 +15,7 @@ from qkv.errors import ConfigError
 from qkv.inference.beam import (
     Hypothesis,
     _parents_in_place,
+    _shared_prefixes,
     beam_search,
     length_penalty,
     topk_by_blocks,
@@ -46,8 +47,12 @@ class ToyDecoder:
         pairs = zip(self.sentences, self.prefixes, strict=True)
         return torch.stack([self.next_log_probs(s, p[1:]) for s, p in pairs])  # (N, V)
 
-    def select(self, rows: Tensor) -> None:
+    def select(self, rows: Tensor, held: Tensor | None = None) -> None:
         assert rows.dtype == torch.long and rows.dim() == 1 and rows.numel() > 0
+        if held is not None:  # the places' prefixes, BOS included, are those of the new rows
+            for i, (row, count) in enumerate(zip(rows.tolist(), held.tolist(), strict=True)):
+                assert self.sentences[i] == self.sentences[row] or count == 0
+                assert self.prefixes[i][:count] == self.prefixes[row][:count]
         self.sentences = [self.sentences[r] for r in rows.tolist()]
         self.prefixes = [self.prefixes[r] for r in rows.tolist()]
 
@@ -420,6 +425,15 @@ def test_topk_by_blocks_equals_topk(rows: int, length: int, k: int) -> None:
     top_values, top_index = topk_by_blocks(values, k)
     assert torch.equal(top_values, expected.values)
     assert torch.equal(top_index, expected.indices)
+
+
+def test_shared_prefixes_counts_bos_and_the_tokens_a_place_shares_with_its_new_row() -> None:
+    fed = torch.tensor([[[5, 6, 7], [5, 6, 8]], [[5, 9, 9], [4, 9, 9]]])  # (B' 2, w 2, T 3)
+    rows = torch.tensor([1, 1, 3, 2])  # place 0 takes its sibling, place 1 stays, 2 and 3 swap
+    assert _shared_prefixes(fed, rows).tolist() == [3, 4, 1, 1]
+    rows = torch.tensor([2, 3])  # sentence 0 done: sentence 1's rows move up
+    assert _shared_prefixes(fed, rows).tolist() == [0, 0]
+    assert _shared_prefixes(fed, torch.tensor([0, 0, 1, 1, 2])) is None  # more rows
 
 
 def test_topk_by_blocks_finds_values_in_one_block_and_in_the_tail() -> None:

@@ -1,7 +1,8 @@
 import pytest
 import torch
+from torch import Tensor
 
-from qkv.model.kv_cache import KVCache
+from qkv.model.kv_cache import KVCache, changed_steps
 from qkv.model.seq2seq import Seq2SeqTransformer
 from tests.model.helpers import random_ids, tiny_config
 
@@ -39,8 +40,18 @@ def test_beams_share_cross_attention_entries_and_decode_like_the_full_forward(gr
     def select(rows: list[int]) -> None:
         nonlocal sources, history
         index = torch.tensor(rows)
-        cache.select(index)
+        cache.select(index, shared_prefixes(index))
         sources, history = sources[index], history[index]
+
+    def shared_prefixes(index: Tensor) -> Tensor:
+        """How many tokens fed (BOS first) place i shares with old row index[i]: its `held`."""
+        fed = history[:, :-1]  # the newest token is not fed yet
+        held = []
+        for place, row in enumerate(index.tolist()):
+            same = place < len(fed) and bool(sources[place] == sources[row])
+            agree = (fed[place] == fed[row]).long().cumprod(0).sum() if same else 0
+            held.append(int(agree))
+        return torch.tensor(held)
 
     with torch.set_grad_enabled(grad):
         step_and_check()
@@ -88,3 +99,35 @@ def test_rows_start_step_major_and_turn_row_major_when_they_grow() -> None:
     assert cache.keys.shape == (2, 2, 5, 4) and cache.keys.stride() == (8, 4, 24, 1)
     cache.select(torch.tensor([0, 0, 1, 1]))  # more rows than ever (beams): row-major
     assert cache.keys.is_contiguous()
+
+
+def test_select_copies_only_the_steps_a_place_does_not_hold_already() -> None:
+    cache = KVCache(rows=4, n_heads=2, head_dim=3, max_len=6)
+    cache.select(torch.tensor([0, 1, 2, 3, 3]))  # grown: row-major buffers from here on
+    assert cache.row_major
+    k, v = torch.randn(5, 2, 4, 3), torch.randn(5, 2, 4, 3)
+    cache.append(k, v)
+    rows = torch.tensor([0, 0, 1, 2, 1])  # places 1, 2, 3, 4 take other rows
+    held = torch.tensor([4, 2, 0, 4, 1])  # place 3 already holds all 4 steps of row 2
+    cache.select(rows, changed_steps(rows, held, 4, heads=2, capacity=6))
+    expected = k.clone()
+    for place, row, start in [(1, 0, 2), (2, 1, 0), (4, 1, 1)]:
+        expected[place, :, start:] = k[row, :, start:]
+    torch.testing.assert_close(cache.keys[:, :, :4], expected)  # the held steps left as they were
+    expected_values = v.clone()
+    for place, row, start in [(1, 0, 2), (2, 1, 0), (4, 1, 1)]:
+        expected_values[place, :, start:] = v[row, :, start:]
+    torch.testing.assert_close(cache.values[:, :, :4], expected_values)
+
+
+def test_changed_steps_lists_each_moved_row_from_its_held_step_in_every_head() -> None:
+    rows, held = torch.tensor([1, 1, 0, 0]), torch.tensor([0, 3, 2, 3])
+    steps = changed_steps(rows, held, length=3, heads=2, capacity=5)
+    # place 0 from step 0; place 1 stays; place 2 from step 2; place 3 holds all 3 steps
+    moves = [(0, 1, t) for t in range(3)] + [(2, 0, 2)]  # (place, row, step)
+
+    def unit(row: int, head: int, step: int) -> int:
+        return (row * 2 + head) * 5 + step
+
+    assert steps.to.tolist() == [unit(p, h, t) for p, _, t in moves for h in range(2)]
+    assert steps.source.tolist() == [unit(r, h, t) for _, r, t in moves for h in range(2)]

@@ -123,13 +123,36 @@ def beam_search(
     tokens = torch.full_like(state.sentences, bos_id)  # (N,) with N = B' at the first step
     while state.sentences.numel() > 0:
         logits = decoder.step(tokens)  # (N, V)
+        fed = state.tokens  # (B', w, T) the tokens fed after BOS
         state, rows = _advance(state, logits, beam_size, eos_id, alpha, finished)
         if state.sentences.numel() == 0:
             break
-        decoder.select(rows)  # (B' * W,)
+        decoder.select(rows, _shared_prefixes(fed, rows))  # (B' * W,)
         tokens = state.tokens[:, :, -1].reshape(-1)  # (B' * W,)
 
     return [sorted(hyps, key=lambda h: h.score, reverse=True)[:beam_size] for hyps in finished]
+
+
+def _shared_prefixes(fed: Tensor, rows: Tensor) -> Tensor | None:
+    """How many tokens fed so far (BOS first) each new row's place shares with its old row.
+
+    Args:
+        fed: (B', w, T) long, the tokens each old row was fed after BOS.
+        rows: (N',) long, the old row of each new row.
+
+    Returns:
+        (N',) long: for new row i, 0 where old row i decoded another sentence (or there was
+        none), else 1 + the length of the prefix that fed[i] and fed[rows[i]] share. None at
+        the beam expansion (more new rows than old ones).
+    """
+    live, width, length = fed.shape
+    count = rows.numel()
+    if count > live * width:
+        return None
+    fed = fed.reshape(live * width, length)  # (B' * w, T)
+    places = torch.arange(count, device=rows.device)  # (N',)
+    same = (fed[:count] == fed[rows]).long().cumprod(dim=1).sum(dim=1)  # (N',)
+    return torch.where(places // width == rows // width, same + 1, 0)  # (N',)
 
 
 def _initial_state(batch_size: int, max_lengths: Tensor) -> BeamState:

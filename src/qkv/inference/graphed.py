@@ -92,8 +92,9 @@ class StaticDecoder:
         cache.length += 1
         return logits
 
-    def select(self, rows: Tensor) -> None:
-        """Keep and reorder rows: new row i = old row rows[i] (at most R rows)."""
+    def select(self, rows: Tensor, held: Tensor | None = None) -> None:
+        """Keep and reorder rows: new row i = old row rows[i] (at most R rows); `held` is not
+        used."""
         self.cache.select(rows)
 
     def load(self, src_ids: Tensor) -> None:

@@ -101,6 +101,7 @@ class ModelDecoder:
         """tokens (N,) -> the decoder's states (N, D); the cache grows by one position."""
         return self.decoder.step(tokens[:, None], self.cache)[:, 0]  # (N, D)
 
-    def select(self, rows: Tensor) -> None:
-        """Keep and reorder rows: new row i = old row rows[i]."""
-        self.cache.select(rows)
+    def select(self, rows: Tensor, held: Tensor | None = None) -> None:
+        """Keep and reorder rows: new row i = old row rows[i]; `held` as in
+        `IncrementalDecoder.select`."""
+        self.cache.select(rows, held)

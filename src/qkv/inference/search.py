@@ -39,11 +39,13 @@ class IncrementalDecoder(Protocol):
         they need to: greedy search takes the argmax of the raw scores.
         """
 
-    def select(self, rows: Tensor) -> None:
+    def select(self, rows: Tensor, held: Tensor | None = None) -> None:
         """Keep and reorder the decoder's rows (its KV cache, memory, source mask).
 
         New row i = old row rows[i]; rows (N',) long. N' may be smaller (finished rows dropped)
-        or larger (beam expansion).
+        or larger (beam expansion). `held` (N',) long, a hint that a decoder may ignore: how
+        many tokens fed so far (BOS first) row i's place already shares with old row rows[i],
+        for the same source; what the decoder keeps of them needs no copy.
         """
 
 
