@@ -17,8 +17,8 @@ differ only in the measure that `--change` names:
   or torch's fused `F.scaled_dot_product_attention`;
 - `int8-screen`: greedy's screen of the output layer is an int8 product, or a bf16 one (where
   this CPU's int8 products are exact; `OutputLayer`);
-- `step-major`: the self-attention caches start step-major, (T_max, N, H, K), or row-major,
-  (N, H, T_max, K) (`KVCache`);
+- `step-major`: the self-attention caches are step-major, (T_max, N, H, K), or row-major,
+  (N, H, T_max, K), whose rows then move whole (`KVCache`);
 - `held`: beam search's reordering copies only the cached steps that a row's new place does
   not hold already, or whole rows (`DecoderCache.select`).
 
@@ -51,7 +51,7 @@ import qkv.model.attention as attention
 import qkv.model.seq2seq as seq2seq
 from qkv.inference.incremental import DecodingWeights
 from qkv.model.frozen_linear import frozen_copy
-from qkv.model.kv_cache import KVCache
+from qkv.model.kv_cache import ChangedSteps, KVCache
 from qkv.model.seq2seq import Seq2SeqTransformer
 from qkv.training.speed import tune_allocator
 
@@ -155,13 +155,20 @@ def _fused_attention(
 
 
 class _RowMajorKVCache(KVCache):
-    """`KVCache` with row-major (N, H, T_max, K) buffers from the start."""
+    """`KVCache` with row-major (N, H, T_max, K) buffers, grown row-major too, whose rows move
+    whole."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         shape, dtype, device = self.keys.shape, self.keys.dtype, self.keys.device
         self._all_keys = self.keys = torch.empty(shape, dtype=dtype, device=device)
         self._all_values = self.values = torch.empty(shape, dtype=dtype, device=device)
+
+    def select(self, rows: Tensor, steps: ChangedSteps | None = None) -> None:
+        super().select(rows)  # whole rows: `steps` index step-major buffers
+
+    def _empty(self, rows: int) -> Tensor:
+        return self._all_keys.new_empty(rows, *self._all_keys.shape[1:])  # (N, H, T_max, K)
 
 
 def _select_whole_rows(

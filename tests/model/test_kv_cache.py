@@ -89,45 +89,39 @@ def test_select_writes_in_place_and_keeps_rows_that_stay() -> None:
     assert cache.keys.shape[0] == 5 and cache.keys.data_ptr() != buffer
 
 
-def test_rows_start_step_major_and_turn_row_major_when_they_grow() -> None:
+def test_rows_are_step_major_and_stay_so_when_they_grow() -> None:
     cache = KVCache(rows=3, n_heads=2, head_dim=4, max_len=5)
-    keys, _ = cache.append(torch.randn(3, 2, 1, 4), torch.randn(3, 2, 1, 4))
+    k = torch.randn(3, 2, 1, 4)
+    keys, _ = cache.append(k, torch.randn(3, 2, 1, 4))
     # A step's keys for all rows are one block; N and H merge without a copy.
     assert cache.keys.stride() == (8, 4, 24, 1)  # (N, H, T, K) over (T, N, H, K)
     assert keys.reshape(6, 1, 4).data_ptr() == keys.data_ptr()
-    cache.select(torch.tensor([2, 0]))  # fewer rows: moved in place, still step-major
+    cache.select(torch.tensor([2, 0]))  # fewer rows: moved in place
     assert cache.keys.shape == (2, 2, 5, 4) and cache.keys.stride() == (8, 4, 24, 1)
-    cache.select(torch.tensor([0, 0, 1, 1]))  # more rows than ever (beams): row-major
-    assert cache.keys.is_contiguous()
+    cache.select(torch.tensor([0, 0, 1, 1]))  # more rows than ever (beams): new buffers
+    assert cache.keys.shape == (4, 2, 5, 4) and cache.keys.stride() == (8, 4, 32, 1)
+    torch.testing.assert_close(cache.keys[:, :, :1], k[[2, 2, 0, 0]])
 
 
 def test_select_copies_only_the_steps_a_place_does_not_hold_already() -> None:
-    cache = KVCache(rows=4, n_heads=2, head_dim=3, max_len=6)
-    cache.select(torch.tensor([0, 1, 2, 3, 3]))  # grown: row-major buffers from here on
-    assert cache.row_major
+    cache = KVCache(rows=5, n_heads=2, head_dim=3, max_len=6)
     k, v = torch.randn(5, 2, 4, 3), torch.randn(5, 2, 4, 3)
     cache.append(k, v)
     rows = torch.tensor([0, 0, 1, 2, 1])  # places 1, 2, 3, 4 take other rows
     held = torch.tensor([4, 2, 0, 4, 1])  # place 3 already holds all 4 steps of row 2
-    cache.select(rows, changed_steps(rows, held, 4, heads=2, capacity=6))
-    expected = k.clone()
-    for place, row, start in [(1, 0, 2), (2, 1, 0), (4, 1, 1)]:
-        expected[place, :, start:] = k[row, :, start:]
-    torch.testing.assert_close(cache.keys[:, :, :4], expected)  # the held steps left as they were
-    expected_values = v.clone()
-    for place, row, start in [(1, 0, 2), (2, 1, 0), (4, 1, 1)]:
-        expected_values[place, :, start:] = v[row, :, start:]
-    torch.testing.assert_close(cache.values[:, :, :4], expected_values)
+    cache.select(rows, changed_steps(rows, held, length=4, rows_held=5))
+    moves = [(1, 0, 2), (2, 1, 0), (4, 1, 1)]  # (place, row, first step copied)
+    for old, new in ((k, cache.keys), (v, cache.values)):
+        expected = old.clone()
+        for place, row, start in moves:
+            expected[place, :, start:] = old[row, :, start:]  # the held steps left as they were
+        torch.testing.assert_close(new[:, :, :4], expected)
 
 
-def test_changed_steps_lists_each_moved_row_from_its_held_step_in_every_head() -> None:
+def test_changed_steps_lists_each_moved_row_from_its_held_step() -> None:
     rows, held = torch.tensor([1, 1, 0, 0]), torch.tensor([0, 3, 2, 3])
-    steps = changed_steps(rows, held, length=3, heads=2, capacity=5)
+    steps = changed_steps(rows, held, length=3, rows_held=6)
     # place 0 from step 0; place 1 stays; place 2 from step 2; place 3 holds all 3 steps
     moves = [(0, 1, t) for t in range(3)] + [(2, 0, 2)]  # (place, row, step)
-
-    def unit(row: int, head: int, step: int) -> int:
-        return (row * 2 + head) * 5 + step
-
-    assert steps.to.tolist() == [unit(p, h, t) for p, _, t in moves for h in range(2)]
-    assert steps.source.tolist() == [unit(r, h, t) for _, r, t in moves for h in range(2)]
+    assert steps.to.tolist() == [t * 6 + p for p, _, t in moves]
+    assert steps.source.tolist() == [t * 6 + r for _, r, t in moves]

@@ -28,15 +28,14 @@ class SelfAttentionCache(Protocol):
 class KVCache:
     """Preallocated keys and values of one self-attention layer.
 
-    The buffers start step-major, (T_max, N, H, K): a step's keys for all rows lie side by side,
-    so that an append writes one block, and the batched products over the cache read each
-    step's rows together. `keys` and `values` are (N, H, T_max, K) views of them, whose N and
-    H merge without a copy. Greedy decoding of the benchmark was 1.06× as fast as with
-    row-major (N, H, T_max, K) buffers (`benchmarks/frozen_ab.py --change step-major`). Rows
-    that grow in number (beam search's expansion) get new buffers, row-major: beam search then
-    reorders rows at every step, and a row-major row moves as a few whole blocks, where a
-    step-major one is scattered over every step (the reorder took 2.4 against 4.6 ms a beam-5
-    step).
+    The buffers are step-major, (T_max, N, H, K): a step's keys for all rows lie side by side,
+    so that an append writes one block, and the steps filled so far are one dense block, which
+    the batched products over the cache read with no gaps. `keys` and `values` are
+    (N, H, T_max, K) views of them, whose N and H merge without a copy. Against row-major
+    (N, H, T_max, K) buffers, whose rows hold T_max steps however few are filled: greedy
+    decoding of the benchmark 1.06× as fast, beam-5 ... (`benchmarks/frozen_ab.py --change
+    step-major`). Beam search's reordering copies only the steps that a row's new place does
+    not hold already (`changed_steps`), each step of a row 1 KB at the benchmark's width.
 
     Args:
         rows: N, the number of sequences decoded together.
@@ -66,6 +65,11 @@ class KVCache:
     def capacity(self) -> int:
         return self.keys.size(2)
 
+    @property
+    def rows_held(self) -> int:
+        """N_max: the most rows the buffers hold before they must grow."""
+        return self._all_keys.size(0)
+
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store new keys/values (N, H, t, K); return all cached so far (N, H, length, K)."""
         steps = k.size(2)
@@ -77,54 +81,58 @@ class KVCache:
         self.length = end
         return self.keys[:, :, :end], self.values[:, :, :end]  # (N, H, length, K)
 
-    @property
-    def row_major(self) -> bool:
-        """Whether the buffers are row-major, (N_max, H, T_max, K) (after a beam expansion)."""
-        return self._all_keys.is_contiguous()
-
     def select(self, rows: Tensor, steps: ChangedSteps | None = None) -> None:
         """Keep and reorder rows: new row i = old row rows[i] (rows (N',) long).
 
         In place: only the rows that change (rows[i] != i) are written, and only the steps
         filled so far. Beam search arranges its beams so that most rows stay where they are.
-        `steps`, for row-major buffers and no more rows than before, narrows the copy down to
-        the steps that change (`changed_steps`).
+        `steps` (`changed_steps`, for no more rows than `rows_held`) narrows the copy down to
+        the steps that change.
         """
         if self.keys.requires_grad:  # decoding under autograd: in-place copies are not allowed
             self.keys, self.values = self.keys[rows], self.values[rows]  # (N', H, T_max, K)
             return
         count, end = rows.numel(), self.length
-        if count > self._all_keys.size(0):  # more rows than ever: new buffers, row-major
-            shape = (count, *self.keys.shape[1:])
-            keys, values = self.keys.new_empty(shape), self.values.new_empty(shape)
-            torch.index_select(self.keys[:, :, :end], 0, rows, out=keys[:, :, :end])
-            torch.index_select(self.values[:, :, :end], 0, rows, out=values[:, :, :end])
+        if count > self.rows_held:  # more rows than ever: new buffers
+            keys, values = self._empty(count), self._empty(count)  # (N', H, T_max, K) each
+            keys[:, :, :end] = self.keys[:, :, :end].index_select(0, rows)
+            values[:, :, :end] = self.values[:, :, :end].index_select(0, rows)
             self._all_keys, self._all_values = keys, values
-        elif steps is not None and self.row_major:
+        elif steps is not None:
             for buffer in (self._all_keys, self._all_values):
-                units = buffer.view(-1, buffer.size(-1))  # (N_max · H · T_max, K)
+                units = _step_rows(buffer)  # (T_max · N_max, H · K)
                 units.index_copy_(0, steps.to, units.index_select(0, steps.source))
         else:
             filled = [buffer[:, :, :end] for buffer in (self._all_keys, self._all_values)]
             move_rows(filled, rows)  # (N_max, H, length, K) each
         self.keys, self.values = self._all_keys[:count], self._all_values[:count]
 
+    def _empty(self, rows: int) -> Tensor:
+        """A new step-major buffer for `rows` rows, seen as (N, H, T_max, K)."""
+        _, heads, capacity, width = self._all_keys.shape
+        return self._all_keys.new_empty(capacity, rows, heads, width).permute(1, 2, 0, 3)
+
+
+def _step_rows(buffer: Tensor) -> Tensor:
+    """A step-major buffer seen as (N, H, T_max, K) -> its (T_max · N, H · K) view: one row
+    per step of each row."""
+    rows, heads, capacity, width = buffer.shape
+    return buffer.permute(2, 0, 1, 3).view(capacity * rows, heads * width)
+
 
 class ChangedSteps(NamedTuple):
-    """Steps of a row-major (N, H, T_max, K) buffer, as indices (U,) long into its
-    (N · H · T_max, K) view: where each goes (`to`) and where it comes from (`source`)."""
+    """Steps of step-major (T_max, N, H, K) buffers, as indices (U,) long into their
+    (T_max · N, H · K) views: where each goes (`to`) and where it comes from (`source`)."""
 
     to: Tensor
     source: Tensor
 
 
-def changed_steps(
-    rows: Tensor, held: Tensor, length: int, heads: int, capacity: int
-) -> ChangedSteps:
-    """The steps that reordering `rows` changes in row-major (N, H, T_max, K) buffers holding
-    `length` steps, T_max = `capacity`: those of each row i with rows[i] != i, in each head,
-    from step held[i] on (held (N',) long: the leading steps that place i already holds equal
-    to those of old row rows[i])."""
+def changed_steps(rows: Tensor, held: Tensor, length: int, rows_held: int) -> ChangedSteps:
+    """The steps that reordering `rows` changes in step-major buffers of `rows_held` rows that
+    hold `length` steps: those of each row i with rows[i] != i, from step held[i] on (held
+    (N',) long: the leading steps that place i already holds equal to those of old row
+    rows[i])."""
     count = rows.numel()
     moved = ((rows != torch.arange(count, device=rows.device)) & (held < length)).nonzero()
     moved = moved.squeeze(1)  # (C,) the rows that change
@@ -134,12 +142,8 @@ def changed_steps(
     each = torch.repeat_interleave(counts, output_size=total)  # (S,) its row among the C
     first = counts.cumsum(0) - counts  # (C,) where a row's steps start among the S
     steps = torch.arange(total, device=rows.device) + (starts - first)[each]  # (S,)
-    head = torch.arange(heads, device=rows.device)  # (H,)
-
-    def units(row: Tensor) -> Tensor:  # rows (S,) -> indices (S · H,)
-        return ((row[each, None] * heads + head) * capacity + steps[:, None]).view(-1)
-
-    return ChangedSteps(units(moved), units(rows[moved]))
+    at = steps * rows_held  # (S,) where each step's rows start
+    return ChangedSteps(at + moved[each], at + rows[moved][each])
 
 
 @dataclass
@@ -179,15 +183,14 @@ class DecoderCache:
 
         `held` (N',) long, where given: the leading steps that place i already holds equal to
         those of old row rows[i] (a beam's siblings share most of their past). Only the steps
-        from there on are copied into row-major caches (`changed_steps`, worked out once for
-        all layers): beam-5 decoding of the benchmark copied 23 % of the steps that whole
-        rows hold, and was 1.06× as fast (`benchmarks/frozen_ab.py --change held`).
+        from there on are copied (`changed_steps`, worked out once for all layers): beam-5
+        decoding of the benchmark copied 23 % of the steps that whole rows hold, and was
+        1.06× as fast (`benchmarks/frozen_ab.py --change held`).
         """
         steps: ChangedSteps | None = None
         first = self.self_attn[0] if self.self_attn else None
-        if held is not None and first is not None and first.row_major:
-            heads, capacity = first.keys.shape[1:3]
-            steps = changed_steps(rows, held, first.length, heads, capacity)
+        if held is not None and first is not None and rows.numel() <= first.rows_held:
+            steps = changed_steps(rows, held, first.length, first.rows_held)
         for cache in self.self_attn:
             cache.select(rows, steps)
         entries = torch.div(rows, self.group_size, rounding_mode="floor")  # (N',) entry per row
