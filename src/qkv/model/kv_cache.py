@@ -32,10 +32,11 @@ class KVCache:
     so that an append writes one block, and the steps filled so far are one dense block, which
     the batched products over the cache read with no gaps. `keys` and `values` are
     (N, H, T_max, K) views of them, whose N and H merge without a copy. Against row-major
-    (N, H, T_max, K) buffers, whose rows hold T_max steps however few are filled: greedy
-    decoding of the benchmark 1.06× as fast, beam-5 ... (`benchmarks/frozen_ab.py --change
-    step-major`). Beam search's reordering copies only the steps that a row's new place does
-    not hold already (`changed_steps`), each step of a row 1 KB at the benchmark's width.
+    (N, H, T_max, K) buffers, whose rows hold T_max steps however few are filled, decoding of
+    the benchmark was 1.04× as fast greedy, 1.09× beam-5 (`benchmarks/frozen_ab.py --change
+    step-major`; beam search's rows moved whole there). Beam search's reordering copies only
+    the steps that a row's new place does not hold already (`changed_steps`), each step of a
+    row one (H · K) block.
 
     Args:
         rows: N, the number of sequences decoded together.
@@ -185,7 +186,7 @@ class DecoderCache:
         those of old row rows[i] (a beam's siblings share most of their past). Only the steps
         from there on are copied (`changed_steps`, worked out once for all layers): beam-5
         decoding of the benchmark copied 23 % of the steps that whole rows hold, and was
-        1.06× as fast (`benchmarks/frozen_ab.py --change held`).
+        1.09× as fast (`benchmarks/frozen_ab.py --change held`).
         """
         steps: ChangedSteps | None = None
         first = self.self_attn[0] if self.self_attn else None
