@@ -185,8 +185,8 @@ class DecoderCache:
         `held` (N',) long, where given: the leading steps that place i already holds equal to
         those of old row rows[i] (a beam's siblings share most of their past). Only the steps
         from there on are copied (`changed_steps`, worked out once for all layers): beam-5
-        decoding of the benchmark copied 23 % of the steps that whole rows hold, and was
-        1.09× as fast (`benchmarks/frozen_ab.py --change held`).
+        decoding of the benchmark copied 23 % of the steps that whole rows hold (counted in a
+        scratch run), and was 1.09× as fast (`benchmarks/frozen_ab.py --change held`).
         """
         steps: ChangedSteps | None = None
         first = self.self_attn[0] if self.self_attn else None
