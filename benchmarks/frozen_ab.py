@@ -13,21 +13,25 @@ differ only in the measure that `--change` names:
   every batch;
 - `query`: cross-attention's query projection is a frozen part of its packed projection
   (`FrozenLinear.part`), or `F.linear` on the sliced weight;
-- `cache-attention`: attention over the caches is `eager_attention`'s two batched matmuls,
+- `cache-attention`: attention over the caches is `cached_attention`'s two batched matmuls,
   or torch's fused `F.scaled_dot_product_attention`;
 - `int8-screen`: greedy's screen of the output layer is an int8 product, or a bf16 one (where
   this CPU's int8 products are exact; `OutputLayer`);
 - `step-major`: the self-attention caches are step-major, (T_max, N, H, K), or row-major,
   (N, H, T_max, K), whose rows then move whole (`KVCache`);
 - `held`: beam search's reordering copies only the cached steps that a row's new place does
-  not hold already, or whole rows (`DecoderCache.select`).
+  not hold already, or whole rows (`DecoderCache.select`);
+- `layer-step`: a decoding step goes through the decoder layers' `step` (the cross-attention
+  mask a bias added by the first matmul), or through their `forward` with a cache, as
+  training's layers do (the mask filled into the scores, the inputs checked).
 
 Each way but `kept`'s "off" keeps its own frozen weights across batches, made at its warm-up.
 Prints sentences per second of each, their ratio, the median ratio of paired batches, and how
 many outputs are the same.
 
     python benchmarks/frozen_ab.py
-        [--change decoder|encoder|kept|query|cache-attention|int8-screen|step-major|held]
+        [--change decoder|encoder|kept|query|cache-attention|int8-screen|step-major|held
+                  |layer-step]
         [--threads 2] [--passes 3]
 """
 
@@ -50,6 +54,7 @@ import qkv.inference.output_layer as output_layer
 import qkv.model.attention as attention
 import qkv.model.seq2seq as seq2seq
 from qkv.inference.incremental import DecodingWeights
+from qkv.model.decoder import Decoder
 from qkv.model.frozen_linear import frozen_copy
 from qkv.model.kv_cache import ChangedSteps, KVCache
 from qkv.model.seq2seq import Seq2SeqTransformer
@@ -64,6 +69,7 @@ CHANGES = {
     "int8-screen": "int8 screen",
     "step-major": "step-major caches",
     "held": "held steps left in place",
+    "layer-step": "the decoder layers' own step",
 }
 """What each `--change` compares, as the report names its "on" way."""
 
@@ -148,10 +154,11 @@ def _everything_frozen(
 
 
 def _fused_attention(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float = 0.0
-) -> tuple[Tensor, None]:
-    """`eager_attention`'s context by torch's fused kernel (decoding needs no weights)."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p), None
+    q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None, guard: bool = False
+) -> Tensor:
+    """`cached_attention` by torch's fused kernel (the benchmark's sources are never empty)."""
+    mask = None if bias is None else bias.view(q.size(0), q.size(1), 1, -1)  # (B, H, 1, S)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
 class _RowMajorKVCache(KVCache):
@@ -178,6 +185,16 @@ def _select_whole_rows(
     decoder.cache.select(rows)
 
 
+def _step_through_forward(self: Decoder, ids: Tensor, cache: Any) -> Tensor:
+    """`Decoder.step` through each layer's `forward` with its cache."""
+    x = self.embeddings(ids, offset=cache.length)  # (N, 1, D)
+    for layer, self_cache, keys, values in zip(
+        self.layers, cache.self_attn, cache.cross_keys, cache.cross_values, strict=True
+    ):
+        x, _, _ = layer(x, (keys, values), None, cache.src_mask, cache=self_cache)
+    return self.final_norm(x)  # (N, 1, D)
+
+
 class _Nothing:
     """A class of which no layer is an instance."""
 
@@ -186,8 +203,9 @@ class _Nothing:
 def way(change: str, on: bool, system: Any, weights: DecodingWeights) -> Iterator[None]:
     """Decoding with the measure `change` (`on`) or without; everything put back after."""
     made, frozen_linear = incremental.frozen_copy, attention.FrozenLinear
-    eager, exact_int8 = attention.eager_attention, output_layer.int8_matmuls_exact
+    cached, exact_int8 = attention.cached_attention, output_layer.int8_matmuls_exact
     cache, select = seq2seq.KVCache, incremental.ModelDecoder.select
+    step = Decoder.step
     system._weights = None if change == "kept" and not on else weights
     if change == "decoder" and not on:
         incremental.frozen_copy = lambda module, rows, keep=(): module  # type: ignore[assignment]
@@ -196,18 +214,21 @@ def way(change: str, on: bool, system: Any, weights: DecodingWeights) -> Iterato
     if change == "query" and not on:
         attention.FrozenLinear = _Nothing  # type: ignore[misc, assignment]
     if change == "cache-attention" and not on:
-        attention.eager_attention = _fused_attention  # type: ignore[assignment]
+        attention.cached_attention = _fused_attention  # type: ignore[assignment]
     if change == "int8-screen" and not on:  # the output layer, made at the warm-up, in bf16
         output_layer.int8_matmuls_exact = lambda: False  # type: ignore[assignment]
     if change == "step-major" and not on:
         seq2seq.KVCache = _RowMajorKVCache  # type: ignore[misc]
     if change == "held" and not on:
         incremental.ModelDecoder.select = _select_whole_rows  # type: ignore[method-assign]
+    if change == "layer-step" and not on:
+        Decoder.step = _step_through_forward  # type: ignore[method-assign]
     try:
         yield
     finally:
+        Decoder.step = step  # type: ignore[method-assign]
         incremental.frozen_copy, attention.FrozenLinear = made, frozen_linear
-        attention.eager_attention, output_layer.int8_matmuls_exact = eager, exact_int8
+        attention.cached_attention, output_layer.int8_matmuls_exact = cached, exact_int8
         seq2seq.KVCache = cache  # type: ignore[misc]
         incremental.ModelDecoder.select = select  # type: ignore[method-assign]
         system._weights = None

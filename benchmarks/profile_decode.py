@@ -65,7 +65,7 @@ def timers(system: Any) -> Iterator[dict[str, float]]:
         wrap(twin.decoder, "step", LAYERS)
         qkv, q, out, ffn, norms = LAYER_PARTS[1:]
         for layer in twin.decoder.layers:
-            wrap(layer.self_attn, "project_qkv", qkv)
+            wrap(layer.self_attn.in_proj, "forward", qkv)
             wrap(layer.cross_attn, "project_q", q)
             wrap(layer.self_attn.out_proj, "forward", out)
             wrap(layer.cross_attn.out_proj, "forward", out)
@@ -78,7 +78,7 @@ def timers(system: Any) -> Iterator[dict[str, float]]:
     system._weights = None  # the frozen copy is made again, through `timed_copy`
     for part in LAYER_PARTS:
         seconds[part] += 0.0  # report the parts in this order
-    wrap(attention_module, "eager_attention", "    attention over the caches")
+    wrap(attention_module, "cached_attention", "    attention over the caches")
     wrap(KVCache, "append", "    cache append")
     seconds[OUTPUT] += 0.0  # the model step less its decoder layers
     wrap(DecoderCache, "select", REORDER)

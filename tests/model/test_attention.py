@@ -3,7 +3,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qkv.model.attention import MultiHeadAttention, eager_attention, short_attention
+from qkv.model.attention import (
+    MultiHeadAttention,
+    cached_attention,
+    eager_attention,
+    short_attention,
+)
 from qkv.model.masks import padding_mask
 from qkv.model.packed_attention import SHORT
 
@@ -134,6 +139,21 @@ def test_eager_attention_equals_the_fused_kernel_on_cache_slices(queries: int, l
     assert torch.all(got[2] == 0) and torch.all(weights[2] == 0)
     fused = torch.nn.functional.scaled_dot_product_attention(q[:2], k[:2], v[:2], mask[:2])
     torch.testing.assert_close(got[:2], fused, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("queries", [1, 5])
+def test_cached_attention_is_eager_attention_to_the_bit(queries: int) -> None:
+    q = torch.randn(3, 2, queries, 8)
+    keys, values = (torch.randn(10, 3, 2, 8).permute(1, 2, 0, 3) for _ in range(2))
+    k, v = keys[:, :, :6], values[:, :, :6]  # step-major cache slices
+    mask = torch.ones(3, 1, 1, 6, dtype=torch.bool)
+    mask[1, ..., 4:] = False
+    mask[2] = False  # nothing to attend to
+    bias = torch.zeros(3, 2, 1, 6).masked_fill_(~mask, float("-inf")).flatten(0, 1)  # (B * H, 1, S)
+    expected, _ = eager_attention(q, k, v, mask)
+    assert torch.equal(cached_attention(q, k, v, bias, guard=True), expected)
+    assert cached_attention(q, k, v, bias)[2].isnan().all()  # unguarded: NaN, not zeros
+    assert torch.equal(cached_attention(q, k, v), eager_attention(q, k, v, None)[0])
 
 
 @pytest.mark.parametrize("kind", ["self", "causal", "cross", "empty source", "long"])

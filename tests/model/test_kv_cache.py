@@ -125,3 +125,23 @@ def test_changed_steps_lists_each_moved_row_from_its_held_step() -> None:
     moves = [(0, 1, t) for t in range(3)] + [(2, 0, 2)]  # (place, row, step)
     assert steps.to.tolist() == [t * 6 + p for p, _, t in moves]
     assert steps.source.tolist() == [t * 6 + r for _, r, t in moves]
+
+
+def test_the_source_bias_is_the_source_mask_and_moves_with_it() -> None:
+    model = Seq2SeqTransformer(tiny_config()).eval()
+    src = random_ids(3, 5)
+    src[0, 3:], src[2, 1:] = 0, 0
+    memory, src_mask, _ = model.encode(src)
+    cache = model.init_cache(memory, src_mask, max_len=4)
+    heads = model.config.n_heads
+
+    def bias_of(mask: Tensor) -> Tensor:  # (G, 1, 1, S) -> (G * H, 1, S)
+        expanded = mask.expand(-1, heads, -1, -1).flatten(0, 1)
+        return torch.zeros(expanded.shape).masked_fill_(~expanded, float("-inf"))
+
+    assert not cache.empty_sources
+    assert torch.equal(cache.source_bias, bias_of(src_mask))
+    cache.select(torch.tensor([2, 2, 0, 0]))  # gathered: 2 groups of 2
+    assert torch.equal(cache.source_bias, bias_of(src_mask[[2, 0]]))
+    cache.select(torch.tensor([2, 3]))  # sentence 2 finished: sentence 0 moves in place
+    assert torch.equal(cache.source_bias, bias_of(src_mask[[0]]))

@@ -99,6 +99,20 @@ def test_cached_decoding_equals_full_forward(
     torch.testing.assert_close(torch.stack(steps, dim=1), full, atol=1e-5, rtol=1e-5)
 
 
+def test_cached_decoding_of_an_all_padding_source_equals_full_forward(
+    model: Seq2SeqTransformer,
+) -> None:
+    src, tgt = random_ids(2, 4), random_ids(2, 3)
+    src[1] = 0  # nothing to attend to: cross-attention's context is zero, in both ways
+    memory, src_mask, _ = model.encode(src)
+    cache = model.init_cache(memory, src_mask, max_len=3)
+    assert cache.empty_sources
+    steps = [model.decode_step(tgt[:, t], cache) for t in range(3)]
+    decoded = torch.stack(steps, dim=1)  # (B, T, V)
+    assert torch.isfinite(decoded).all()
+    torch.testing.assert_close(decoded, model(src, tgt), atol=1e-5, rtol=1e-5)
+
+
 def test_cache_select_reorders_rows(model: Seq2SeqTransformer) -> None:
     src, tgt = random_ids(3, 5), random_ids(3, 4)
     memory, src_mask, _ = model.encode(src)

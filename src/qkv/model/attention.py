@@ -5,7 +5,8 @@ Two paths, one module: `short_attention` for training and scoring (the fused
 `packed_attention` computes from and to packed rows with its own backward), and an
 eager path of two batched matmuls that also returns the per-head softmax weights (for
 pictures and tests) and serves incremental decoding, where a few queries per row attend to a
-cache. Both compute the same numbers (tested). Projections are packed: one (D -> 3D)
+cache (`cached_attention`, the steps of `attend_cache` and `attend_source`). All compute the
+same numbers (tested). Projections are packed: one (D -> 3D)
 matmul for self-attention, one (D -> 2D) for the keys and values of cross-attention, both
 slices of one `in_proj` weight, laid out like `torch.nn.MultiheadAttention`'s
 `in_proj_weight` (rows: query, key, value).
@@ -104,6 +105,47 @@ class MultiHeadAttention(nn.Module):
         batch, _, length, _ = context.shape
         merged = context.transpose(1, 2).reshape(batch, length, self.d_model)  # (B, T, D)
         return self.out_proj(merged), weights
+
+    def attend_cache(self, x: Tensor, cache: SelfAttentionCache) -> Tensor:
+        """Self-attention of one new position per row over its cache (incremental decoding).
+
+        The position's keys and values are appended to `cache`, and it attends to everything
+        cached; no mask, no weights, no checks (`DecoderLayer.step`).
+
+        Args:
+            x: (N, 1, D) the newest position of each row.
+
+        Returns:
+            (N, 1, D).
+        """
+        rows = x.size(0)
+        qkv = self.in_proj(x).view(rows, 3, self.n_heads, 1, self.head_dim)  # (N, 3, H, 1, K)
+        q, k, v = qkv.unbind(1)  # (N, H, 1, K) each
+        keys, values = cache.append(k, v)  # (N, H, T, K) each
+        return self.out_proj(cached_attention(q, keys, values).view(x.shape))  # (N, 1, D)
+
+    def attend_source(
+        self, x: Tensor, keys: Tensor, values: Tensor, bias: Tensor, guard: bool
+    ) -> Tensor:
+        """Cross-attention of one new position per row over its source's keys and values,
+        computed once per source (incremental decoding, `DecoderCache`).
+
+        The N rows form G groups of W consecutive rows that decode one source each (the W
+        beams of a sentence): a group's rows attend as W query positions of that source.
+
+        Args:
+            x: (N, 1, D) the newest position of each row.
+            keys, values: (G, H, S, K) each.
+            bias: (G * H, 1, S) added to the scores: 0 at real source tokens, -inf at padding.
+            guard: whether a source may have no real token at all (its rows then give zeros).
+
+        Returns:
+            (N, 1, D).
+        """
+        groups = keys.size(0)
+        q = self.project_q(x.view(groups, -1, self.d_model))  # (G, H, W, K)
+        context = cached_attention(q, keys, values, bias, guard)  # (G, H, W, K)
+        return self.out_proj(context.transpose(1, 2).reshape(x.shape))  # (N, 1, D)
 
     def forward(
         self,
@@ -217,10 +259,12 @@ def eager_attention(
 ) -> tuple[Tensor, Tensor]:
     """softmax(Q K^T / sqrt(K)) V written out as two batched matmuls, returning the weights too.
 
-    It serves pictures and tests (the weights), and incremental decoding: at one query per row
-    (or the W beams of a sentence as W queries of their source, see `DecoderCache`) the fused
-    kernel costs more than it saves, and `bmm` reads the cached keys and values in place, since
-    a cache slice (B, H, S, K) of a (B, H, S_max, K) buffer merges its B and H without a copy.
+    It serves pictures and tests (the weights), and incremental decoding through `forward`
+    with a cache (`cached_attention` is its twin for `DecoderLayer.step`): at one query per
+    row (or the W beams of a sentence as W queries of their source, see `DecoderCache`) the
+    fused kernel costs more than it saves, and `bmm` reads the cached keys and values in
+    place, since a cache slice (B, H, S, K) of a (B, H, S_max, K) buffer merges its B and H
+    without a copy.
 
     Args:
         q: (B, H, T, K); k, v: (B, H, S, K); mask: bool broadcastable to (B, H, T, S).
@@ -247,6 +291,41 @@ def eager_attention(
         dropped.reshape(batch * heads, length, n_keys), v.reshape(batch * heads, n_keys, head_dim)
     )  # (B * H, T, K)
     return context.view(batch, heads, length, head_dim), weights
+
+
+def cached_attention(
+    q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None, guard: bool = False
+) -> Tensor:
+    """softmax(Q K^T / sqrt(K) + bias) V over cached keys and values: `eager_attention` for
+    decoding steps, with the mask as a bias that the first matmul adds (no weights returned,
+    no mask to invert and fill at every step).
+
+    Finite scores are `eager_attention`'s to the bit: a 0 bias leaves a score as it is, and
+    -inf masks it as `masked_fill` does.
+
+    Args:
+        q: (B, H, T, K); k, v: (B, H, S, K), e.g. cache slices, whose B and H merge without
+            a copy.
+        bias: (B * H, 1 or T, S) added to the scores, 0 or -inf, or None.
+        guard: rows whose every key is masked give zeros (without it, NaN).
+
+    Returns:
+        context (B, H, T, K).
+    """
+    batch, heads, length, head_dim = q.shape
+    n_keys = k.size(2)
+    queries = q.reshape(batch * heads, length, head_dim)  # (B * H, T, K)
+    keys = k.reshape(batch * heads, n_keys, head_dim).transpose(1, 2)  # (B * H, K, S)
+    scale = 1.0 / math.sqrt(head_dim)
+    if bias is None:  # the scale applied inside the matmul, as its alpha
+        scores = torch.baddbmm(q.new_zeros(()), queries, keys, beta=0.0, alpha=scale)
+    else:
+        scores = torch.baddbmm(bias, queries, keys, alpha=scale)  # (B * H, T, S)
+    weights = torch.softmax(scores, dim=-1)  # (B * H, T, S)
+    if guard:
+        weights = weights.nan_to_num(0.0)
+    context = torch.bmm(weights, v.reshape(batch * heads, n_keys, head_dim))  # (B * H, T, K)
+    return context.view(batch, heads, length, head_dim)
 
 
 def short_attention(

@@ -109,14 +109,15 @@ class Decoder(nn.Module):
             states (N, 1, D); the cache grows by one position (a `StaticDecoderCache` is
             advanced by its owner).
         """
-        self_mask: Tensor | None = None
+        layers, cross = self._layers(), (cache.cross_keys, cache.cross_values)
         if isinstance(cache, StaticDecoderCache):
             x = self.embeddings.at(ids, cache.position)  # (R, 1, D)
             self_mask = cache.self_mask()  # (1, 1, 1, T_max)
-        else:
-            x = self.embeddings(ids, offset=cache.length)  # (N, 1, D)
-        for layer, self_cache, keys, values in zip(
-            self.layers, cache.self_attn, cache.cross_keys, cache.cross_values, strict=True
-        ):
-            x, _, _ = layer(x, (keys, values), self_mask, cache.src_mask, cache=self_cache)
+            for layer, static, keys, values in zip(layers, cache.self_attn, *cross, strict=True):
+                x, _, _ = layer(x, (keys, values), self_mask, cache.src_mask, cache=static)
+            return self.final_norm(x)  # (R, 1, D)
+        x = self.embeddings(ids, offset=cache.length)  # (N, 1, D)
+        bias, guard = cache.source_bias, cache.empty_sources
+        for layer, grown, keys, values in zip(layers, cache.self_attn, *cross, strict=True):
+            x = layer.step(x, grown, keys, values, bias, guard)  # (N, 1, D)
         return self.final_norm(x)  # (N, 1, D)

@@ -56,13 +56,14 @@ class FrozenLinear(nn.Module):
     def forward(self, x: Tensor, relu: bool = False) -> Tensor:
         """x (..., in) -> (..., out); with `relu`, followed by a ReLU (applied by oneDNN as it
         writes the product, where the weight is reordered)."""
-        blocked = self._blocked() if _applies(x) and not torch.is_grad_enabled() else None
-        if blocked is None:
-            self._check_plain()
-            out = linear(x, self.linear.weight, self.linear.bias)  # (..., out)
-            return torch.relu(out) if relu else out
-        activation = "relu" if relu else "none"
-        return torch.ops.mkldnn._linear_pointwise(x, blocked, self.bias, activation, [], "")
+        if x.is_cpu and not (torch.is_grad_enabled() or torch.is_autocast_enabled("cpu")):
+            blocked = self.blocked if self.blocked is not None else self._blocked()
+            if blocked is not None and x.dtype == blocked.dtype:
+                activation = "relu" if relu else "none"
+                return torch.ops.mkldnn._linear_pointwise(x, blocked, self.bias, activation, [], "")
+        self._check_plain()
+        out = linear(x, self.linear.weight, self.linear.bias)  # (..., out)
+        return torch.relu(out) if relu else out
 
     def part(self, start: int, stop: int) -> FrozenLinear:
         """The layer of output rows [start, stop) of this one (e.g. the query rows of a packed

@@ -163,6 +163,42 @@ class DecoderLayer(nn.Module):
             x = self.ffn_norm(x + self.dropout(self.ffn(x)))
         return x, self_weights, cross_weights
 
+    def step(
+        self,
+        x: Tensor,
+        cache: SelfAttentionCache,
+        keys: Tensor,
+        values: Tensor,
+        source_bias: Tensor,
+        guard: bool,
+    ) -> Tensor:
+        """`forward` for one new position per row, over the caches of incremental decoding
+        (`DecoderCache`): the same numbers, by the shortest way (no masks, weights or checks).
+
+        Args:
+            x: (N, 1, D) the newest position of each row.
+            cache: this layer's self-attention cache.
+            keys, values: cross-attention's (G, H, S, K) each, for G groups of rows.
+            source_bias, guard: the source mask as `MultiHeadAttention.attend_source` takes it.
+
+        Returns:
+            (N, 1, D).
+        """
+        self_attn, cross_attn = self.self_attn, self.cross_attn
+        # Decoding runs in eval mode, where dropout is the identity: not even a module call.
+        dropout = self.dropout if self.training else _unchanged
+        if self.norm_first:
+            x = x + dropout(self_attn.attend_cache(self.self_attn_norm(x), cache))
+            crossed = cross_attn.attend_source(
+                self.cross_attn_norm(x), keys, values, source_bias, guard
+            )
+            x = x + dropout(crossed)
+            return x + dropout(self.ffn(self.ffn_norm(x)))
+        x = self.self_attn_norm(x + dropout(self_attn.attend_cache(x, cache)))
+        crossed = cross_attn.attend_source(x, keys, values, source_bias, guard)
+        x = self.cross_attn_norm(x + dropout(crossed))
+        return self.ffn_norm(x + dropout(self.ffn(x)))
+
     def _self_attend(
         self,
         x: Tensor,
@@ -198,3 +234,7 @@ class DecoderLayer(nn.Module):
         if weights is not None:
             weights = weights.transpose(1, 2).reshape(n_rows, -1, 1, weights.size(-1))
         return out.reshape(x.shape), weights  # (N, 1, D), (N, H, 1, S)
+
+
+def _unchanged(x: Tensor) -> Tensor:
+    return x
