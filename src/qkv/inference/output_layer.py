@@ -276,9 +276,9 @@ class OutputLayer:
             exact += self.bias[tokens]
 
         best = x.new_full((n,), float("-inf")).scatter_reduce(0, rows, exact, "amax")  # (N,)
-        wins = exact == best[rows]  # (C,)
+        winners = tokens.where(exact == best[rows], vocab_size)  # (C,) V for the others
         found = torch.full((n,), vocab_size, dtype=torch.long, device=x.device)  # (N,)
-        return found.scatter_reduce(0, rows[wins], tokens[wins], "amin")  # (N,) first on ties
+        return found.scatter_reduce(0, rows, winners, "amin")  # (N,) first on ties
 
 
 def _bf16_logits(x: Tensor, screen: _Screen, bias: Tensor | None) -> tuple[Tensor, Tensor]:
