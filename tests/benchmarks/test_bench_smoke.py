@@ -217,7 +217,17 @@ def test_gemm_cache_times_the_three_ways(bench: object, capsys: pytest.CaptureFi
 
 @pytest.mark.parametrize(
     "change",
-    ["decoder", "encoder", "kept", "query", "cache-attention", "int8-screen", "step-major"],
+    [
+        "decoder",
+        "encoder",
+        "kept",
+        "query",
+        "cache-attention",
+        "int8-screen",
+        "step-major",
+        "held",
+        "layer-step",
+    ],
 )
 def test_frozen_ab_decodes_both_ways_and_puts_everything_back(
     bench: object, capsys: pytest.CaptureFixture[str], change: str
@@ -228,8 +238,10 @@ def test_frozen_ab_decodes_both_ways_and_puts_everything_back(
     import qkv.inference.output_layer as output_layer
     import qkv.model.attention as attention
     import qkv.model.seq2seq as seq2seq
+    from qkv.inference.incremental import ModelDecoder
     from qkv.inference.output_layer import int8_matmuls_exact
-    from qkv.model.attention import eager_attention
+    from qkv.model.attention import cached_attention
+    from qkv.model.decoder import Decoder
     from qkv.model.frozen_linear import FrozenLinear, frozen_copy
     from qkv.model.kv_cache import KVCache
 
@@ -243,7 +255,9 @@ def test_frozen_ab_decodes_both_ways_and_puts_everything_back(
     assert out["greedy"]["same_outputs"] == 8
     assert frozen_ab.CHANGES[change] in capsys.readouterr().out
     assert incremental.frozen_copy is frozen_copy and attention.FrozenLinear is FrozenLinear
-    assert attention.eager_attention is eager_attention
+    assert attention.cached_attention is cached_attention
+    assert Decoder.step is Decoder.__dict__["step"]
+    assert ModelDecoder.select is ModelDecoder.__dict__["select"]
     assert output_layer.int8_matmuls_exact is int8_matmuls_exact
     assert seq2seq.KVCache is KVCache
 
