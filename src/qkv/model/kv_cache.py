@@ -161,8 +161,6 @@ class DecoderCache:
         cross_keys, cross_values: one (G, H, S, K) tensor per decoder layer.
         src_mask: (G, 1, 1, S) bool, True = real source token.
         group_size: N / G, 1 when each row has its own entry (as at the start).
-        source_bias: (G * H, 1, S), the mask as cross-attention adds it to its scores: 0 at
-            real source tokens, -inf at padding (made here, moved with `src_mask`).
         empty_sources: whether a source had no real token at all (read once, here).
     """
 
@@ -171,16 +169,15 @@ class DecoderCache:
     cross_values: list[Tensor]
     src_mask: Tensor
     group_size: int = 1
-    source_bias: Tensor = field(init=False, repr=False)
     empty_sources: bool = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         mask = self.src_mask  # (G, 1, 1, S)
         heads = self.cross_keys[0].size(1) if self.cross_keys else 1
         dtype = self.cross_keys[0].dtype if self.cross_keys else torch.float32
+        # `src_mask` as `source_bias` reads it, made once and moved with it by `select`.
         self._bias = mask.new_zeros(mask.size(0), heads, 1, mask.size(3), dtype=dtype)
         self._bias.masked_fill_(~mask, float("-inf"))  # (G, H, 1, S)
-        self.source_bias = self._bias.flatten(0, 1)  # (G * H, 1, S)
         self.empty_sources = not bool(mask.any(dim=-1).all())
 
     @property
@@ -191,6 +188,12 @@ class DecoderCache:
     @property
     def rows(self) -> int:
         return self.src_mask.size(0) * self.group_size
+
+    @property
+    def source_bias(self) -> Tensor:
+        """(G * H, 1, S), the source mask as cross-attention adds it to its scores: 0 at real
+        source tokens, -inf at padding."""
+        return self._bias.flatten(0, 1)
 
     def select(self, rows: Tensor, held: Tensor | None = None) -> None:
         """Keep and reorder rows: new row i = old row rows[i] (beam reordering and expansion,
@@ -223,18 +226,14 @@ class DecoderCache:
                 self.cross_keys = [k[:count] for k in self.cross_keys]  # (G', H, S, K)
                 self.cross_values = [v[:count] for v in self.cross_values]  # (G', H, S, K)
                 self.src_mask = self.src_mask[:count]  # (G', 1, 1, S)
-                self._set_bias(self._bias[:count])
+                self._bias = self._bias[:count]  # (G', H, 1, S)
             return
         if torch.equal(groups, torch.arange(entries_before, device=groups.device)):
             return  # every group reads the entry it read before (beams reordered in place)
         self.cross_keys = [k[groups] for k in self.cross_keys]  # (G', H, S, K)
         self.cross_values = [v[groups] for v in self.cross_values]  # (G', H, S, K)
         self.src_mask = self.src_mask[groups]  # (G', 1, 1, S)
-        self._set_bias(self._bias[groups])
-
-    def _set_bias(self, bias: Tensor) -> None:
-        """bias (G, H, 1, S), contiguous."""
-        self._bias, self.source_bias = bias, bias.flatten(0, 1)  # (G * H, 1, S)
+        self._bias = self._bias[groups]  # (G', H, 1, S)
 
 
 def first_sources(batch: int, rows: int, device: torch.device) -> Tensor:
