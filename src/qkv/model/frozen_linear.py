@@ -57,7 +57,7 @@ class FrozenLinear(nn.Module):
         """x (..., in) -> (..., out); with `relu`, followed by a ReLU (applied by oneDNN as it
         writes the product, where the weight is reordered)."""
         if x.is_cpu and not (torch.is_grad_enabled() or torch.is_autocast_enabled("cpu")):
-            blocked = self.blocked if self.blocked is not None else self._blocked()
+            blocked = self._blocked()
             if blocked is not None and x.dtype == blocked.dtype:
                 activation = "relu" if relu else "none"
                 return torch.ops.mkldnn._linear_pointwise(x, blocked, self.bias, activation, [], "")
