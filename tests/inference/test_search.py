@@ -143,6 +143,19 @@ def test_greedy_drops_finished_rows() -> None:
     assert decoder.rows_fed == [3, 2, 1]
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_batched_greedy_equals_one_sentence_at_a_time(seed: int) -> None:
+    next_log_probs = random_log_probs(seed)
+    budgets = [0, 1, 3, 6, 9, 12, 12]  # sentences end by EOS or by budget, at many steps
+    batched = greedy_search(ToyDecoder(next_log_probs, list(range(7))), 7, lengths(*budgets))
+    alone = [
+        greedy_search(ToyDecoder(next_log_probs, [s]), 1, lengths(budget))[0]
+        for s, budget in enumerate(budgets)
+    ]
+    assert batched == alone
+    assert all(EOS not in t and len(t) <= b for t, b in zip(alone, budgets, strict=True))
+
+
 # Beam search
 
 

@@ -306,30 +306,35 @@ def _decode_paths(
     _check_lengths(batch_size, max_lengths)
     device = max_lengths.device
     longest = max(int(max_lengths.max()), 0) if batch_size > 0 else 0
-    generated = torch.full((batch_size, longest), eos_id, dtype=torch.long, device=device)  # (B, T)
-    lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,)
+    # Each sentence's tokens, then EOS to the end: a sentence's length is where its first EOS
+    # lies, so that no lengths are kept step by step.
+    generated = torch.full((batch_size, longest + 1), eos_id, dtype=torch.long, device=device)
     sentences = torch.arange(batch_size, device=device)  # (N,) sentence of each decoder row
     tokens = torch.full((batch_size,), bos_id, dtype=torch.long, device=device)  # (N,)
-
-    live = max_lengths > 0  # (N,)
-    if not bool(live.all()):
-        kept = rows_to_keep(live)  # (N',)
-        sentences, tokens = sentences[kept], tokens[kept]  # (N',)
-        if sentences.numel() > 0:
-            decoder.select(kept)
-
-    step = 0
-    while sentences.numel() > 0:
-        tokens = next_tokens(tokens, sentences)  # (N,)
-        step += 1
-        ended = tokens == eos_id  # (N,)
-        generated[sentences, step - 1] = tokens  # (N,)
-        lengths[sentences] = step - ended.long()  # (N,)
-        finished = ended | (max_lengths[sentences] <= step)  # (N,)
-        if bool(finished.any()):
+    budgets = max_lengths  # (N,) each row's
+    in_order = True  # row i decodes sentence i, for every i < B
+    step, spent = 0, -1  # spent: the first step at which a row's budget runs out (-1: unknown)
+    finished = budgets <= 0  # (N,) nothing to decode at all
+    while True:
+        if bool(finished.any()):  # those rows leave the batch
             kept = rows_to_keep(~finished)  # (N',)
-            sentences, tokens = sentences[kept], tokens[kept]  # (N',)
+            sentences, tokens, budgets = sentences[kept], tokens[kept], budgets[kept]  # (N',)
+            in_order, spent = False, -1
             if sentences.numel() > 0:
                 decoder.select(kept)
+        if sentences.numel() == 0:
+            break
+        if spent < 0:
+            spent = int(budgets.min())
+        tokens = next_tokens(tokens, sentences)  # (N,)
+        step += 1
+        if in_order:
+            generated[:, step - 1] = tokens  # (B,)
+        else:
+            generated[sentences, step - 1] = tokens  # (N,)
+        finished = tokens == eos_id  # (N,)
+        if step >= spent:
+            finished |= budgets <= step  # (N,)
 
+    lengths = (generated == eos_id).byte().argmax(dim=1)  # (B,) the first EOS of each
     return [row[:length] for row, length in zip(generated.tolist(), lengths.tolist(), strict=True)]
