@@ -312,14 +312,13 @@ def _decode_paths(
     sentences = torch.arange(batch_size, device=device)  # (N,) sentence of each decoder row
     tokens = torch.full((batch_size,), bos_id, dtype=torch.long, device=device)  # (N,)
     budgets = max_lengths  # (N,) each row's
-    in_order = True  # row i decodes sentence i, for every i < B
     step, spent = 0, -1  # spent: the first step at which a row's budget runs out (-1: unknown)
     finished = budgets <= 0  # (N,) nothing to decode at all
     while True:
         if bool(finished.any()):  # those rows leave the batch
             kept = rows_to_keep(~finished)  # (N',)
             sentences, tokens, budgets = sentences[kept], tokens[kept], budgets[kept]  # (N',)
-            in_order, spent = False, -1
+            spent = -1
             if sentences.numel() > 0:
                 decoder.select(kept)
         if sentences.numel() == 0:
@@ -328,10 +327,7 @@ def _decode_paths(
             spent = int(budgets.min())
         tokens = next_tokens(tokens, sentences)  # (N,)
         step += 1
-        if in_order:
-            generated[:, step - 1] = tokens  # (B,)
-        else:
-            generated[sentences, step - 1] = tokens  # (N,)
+        generated[sentences, step - 1] = tokens  # (N,)
         finished = tokens == eos_id  # (N,)
         if step >= spent:
             finished |= budgets <= step  # (N,)
