@@ -6,7 +6,8 @@
 Every system has the same shape (d_model 256, 4 heads, d_ff 1024, 3 + 3 layers, dropout 0.1,
 separate 8,000-token vocabularies) and sees the same synthetic Multi30k-shaped data. Each
 measurement runs in a fresh worker process with `--threads` torch threads: the matmul peak,
-each system's training and decoding, then qkv interleaved step by step with the fastest peer
+each system's training, each system's decoding in `--decode-rounds` rounds (`decode_in_rounds`),
+then qkv interleaved step by step with the fastest peer
 (decoding: with Hugging Face), qkv and Hugging Face decoding in `--threads` processes of one
 thread (qkv's `--workers`), and a profile of qkv's training step. Peers that are not installed are
 skipped with a note.
@@ -18,6 +19,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -188,7 +190,7 @@ def main_run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     results["peak"] = run_phase("peak", args)
     systems = ["qkv", *peers]
     train = {} if args.no_train else {s: run_phase("train", args, system=s) for s in systems}
-    decode = {} if args.no_decode else {s: run_phase("decode", args, system=s) for s in systems}
+    decode = {} if args.no_decode else decode_in_rounds(args, systems)
     for s in systems:
         results["systems"][s] = {"train": train.get(s, {}), "decode": decode.get(s, {})}
     pairs = []
@@ -210,6 +212,55 @@ def main_run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     return results
 
 
+def decode_in_rounds(args: argparse.Namespace, systems: list[str]) -> dict[str, dict[str, Any]]:
+    """Each system's decoding phase `--decode-rounds` times, in a fresh process each time.
+
+    The systems take turns, qkv and Hugging Face (whose `generate` the decoding targets name)
+    side by side, in reverse order every other round: a slow stretch of the host, which lasts
+    minutes, then falls on every system alike, where one phase each would leave it on whichever
+    ran in it. The rounds of a system are merged by `merge_rounds`.
+    """
+    order = sorted(systems, key=lambda s: (s != "qkv", s != "hf_marian"))  # stable
+    runs: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
+    for index in range(args.decode_rounds):
+        for system in order if index % 2 == 0 else order[::-1]:
+            runs[system].append(run_phase("decode", args, system=system))
+    return {s: merge_rounds(r) for s, r in runs.items()}
+
+
+PEAK_MEMORY = ("peak_rss_mb", "peak_rss_mb_greedy", "peak_device_mb", "peak_device_mb_greedy")
+
+
+def merge_rounds(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One system's decoding phases (one a round) -> one result: each speed from the median of
+    every timed pass of every round, with each round's own speed beside it ("rounds"); the
+    highest peak memory of any round; contended when any round was. A failed round is the
+    result."""
+    failed = [r for r in runs if "error" in r]
+    if failed:
+        return failed[0]
+    first, sentences = runs[0], runs[0]["sentences"]
+    merged = dict(first, rounds=len(runs), load_after=runs[-1].get("load_after"))
+    for kind in ("greedy", "beam"):
+        if kind in first:
+            seconds = [x for r in runs for x in r[kind]["seconds"]]
+            merged[kind] = dict(
+                first[kind],
+                seconds=seconds,
+                sentences_per_s=sentences / statistics.median(seconds),
+                rounds=[r[kind]["sentences_per_s"] for r in runs],
+            )
+    for key in PEAK_MEMORY:
+        if key in first:
+            merged[key] = max(r[key] for r in runs)
+    for key in ("probe_gflops", "contended_runs"):
+        merged[key] = [x for r in runs for x in r.get(key, [])]
+    for key in ("wall_s", "waited_for_quiet_s"):
+        merged[key] = sum(r.get(key, 0.0) for r in runs)
+    merged["contended"] = any(r.get("contended") for r in runs)
+    return merged
+
+
 def versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -228,7 +279,14 @@ def versions() -> dict[str, str]:
     return found
 
 
-QUICK = {"warmup": 1, "steps": 3, "repeats": 1, "sentences": 64, "decode_repeats": 1}
+QUICK = {
+    "warmup": 1,
+    "steps": 3,
+    "repeats": 1,
+    "sentences": 64,
+    "decode_repeats": 1,
+    "decode_rounds": 1,
+}
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -257,7 +315,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--sentences", type=int, default=256, help="sentences to decode")
     parser.add_argument("--infer-batch", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=50)
-    parser.add_argument("--decode-repeats", type=int, default=3)
+    parser.add_argument(
+        "--decode-repeats", type=int, default=3, help="timed greedy passes per decoding phase"
+    )
+    parser.add_argument(
+        "--decode-rounds",
+        type=int,
+        default=3,
+        help="decoding phases per system, the systems taking turns (`decode_in_rounds`)",
+    )
     parser.add_argument("--beam", type=int, default=5, help="beam width; 0 skips beam search")
     parser.add_argument("--no-pair", action="store_true", help="skip the interleaved A/B runs")
     parser.add_argument("--no-decode", action="store_true", help="measure training only")
@@ -299,6 +365,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
         help="measure in this process (tests); default: a fresh one per phase",
     )
     args = parser.parse_args(argv)
+    if args.decode_rounds < 1 or args.decode_repeats < 1:
+        parser.error("--decode-rounds and --decode-repeats must be at least 1")
     if args.device == "cuda":
         import torch
 

@@ -96,6 +96,30 @@ def table(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def rounds(results: dict[str, Any]) -> list[str]:
+    """Each round's decoding speeds, and qkv's ratio to each peer round by round."""
+    decoded = {n: r["decode"] for n, r in results["systems"].items() if "greedy" in r["decode"]}
+    if "qkv" not in decoded or len(decoded["qkv"]["greedy"].get("rounds", [])) < 2:
+        return []
+    lines = ["", "### Decoding, round by round (sentences/s; qkv / peer)", ""]
+    for kind in ("greedy", "beam"):
+        own = decoded["qkv"].get(kind, {}).get("rounds")
+        if not own:
+            continue
+        cells = []
+        for name, d in decoded.items():
+            speeds = d.get(kind, {}).get("rounds")
+            if not speeds:
+                continue
+            text = f"{name} " + ", ".join(fmt(x, 1) for x in speeds)
+            if name != "qkv":
+                ratios = (ratio(a, b) for a, b in zip(own, speeds, strict=True))
+                text += " (" + ", ".join(ratios) + ")"
+            cells.append(text)
+        lines.append(f"- {kind}: " + "; ".join(cells) + ".")
+    return lines
+
+
 def pairs(results: dict[str, Any]) -> list[str]:
     if not results.get("pairs"):
         return []
@@ -312,7 +336,9 @@ def render(results: dict[str, Any]) -> str:
             "Decoding: not measured (`--no-decode`)."
             if a.get("no_decode")
             else f"Decoding: {a['sentences']} sentences, batch {a['infer_batch']}, exactly "
-            f"{a['new_tokens']} new tokens, median of passes."
+            f"{a['new_tokens']} new tokens, median of every pass of "
+            f"{a.get('decode_rounds', 1)} round(s) (each system's phase once a round, in a "
+            "fresh process, the systems taking turns)."
         )
         + (
             " On the GPU every timed batch first runs once untimed (a new shape's first step"
@@ -322,6 +348,7 @@ def render(results: dict[str, Any]) -> str:
         ),
         "",
         *table(results),
+        *rounds(results),
         *pairs(results),
         *workers(results),
         *profile(results),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -195,6 +196,64 @@ def test_no_train_measures_decoding_only(bench: object, tmp_path: Path) -> None:
     assert [p["pair_part"] for p in results["pairs"]] == ["decode"]
     text = out_md.read_text()
     assert "Training: not measured (`--no-train`)." in text and "| qkv |" in text
+
+
+def test_decoding_in_rounds_keeps_every_round(bench: object, tmp_path: Path) -> None:
+    out_json, out_md = tmp_path / "bench.json", tmp_path / "bench.md"
+    options = ["--peers", "torch_nn", "--no-train", "--no-profile", "--no-workers", "--no-pair"]
+    rounds = ["--decode-rounds", "2"]
+    bench.main([*TINY, *options, *rounds, "--json", str(out_json), "--md", str(out_md)])  # type: ignore[attr-defined]
+    results = json.loads(out_json.read_text())
+    for name, system in results["systems"].items():
+        greedy = system["decode"]["greedy"]
+        assert system["decode"]["rounds"] == 2 and len(greedy["rounds"]) == 2, name
+        assert len(greedy["seconds"]) == 2  # one timed pass a round
+        assert greedy["sentences_per_s"] == pytest.approx(2 / (sum(greedy["seconds"]) / 2))
+    assert len(results["systems"]["qkv"]["decode"]["beam"]["rounds"]) == 2
+    text = out_md.read_text()
+    assert "round by round" in text and "median of every pass of 2 round(s)" in text
+
+
+def test_rounds_alternate_the_order_with_qkv_beside_hugging_face(
+    bench: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[str] = []
+
+    def fake_phase(phase: str, args: object, system: str) -> dict[str, object]:
+        calls.append(system)
+        speed = {"qkv": 4.0, "hf_marian": 2.0}.get(system, 1.0) * len(calls)
+        return {"sentences": 8, "greedy": {"seconds": [8 / speed], "sentences_per_s": speed}}
+
+    monkeypatch.setattr(bench, "run_phase", fake_phase)
+    args = bench.parse(["--decode-rounds", "3"])  # type: ignore[attr-defined]
+    merged = bench.decode_in_rounds(args, ["qkv", "torch_nn", "hf_marian"])  # type: ignore[attr-defined]
+    order = ["qkv", "hf_marian", "torch_nn"]
+    assert calls == [*order, *order[::-1], *order]
+    assert merged["qkv"]["greedy"]["rounds"] == [4.0, 24.0, 28.0]
+    assert merged["qkv"]["greedy"]["sentences_per_s"] == pytest.approx(24.0)  # the median pass
+
+
+def test_merge_rounds_takes_medians_highest_peaks_and_any_contention(bench: object) -> None:
+    def run(seconds: list[float], peak: float, contended: bool) -> dict[str, object]:
+        timing = {"seconds": seconds, "sentences_per_s": 6 / statistics.median(seconds)}
+        return {
+            "sentences": 6,
+            "greedy": timing,
+            "beam": dict(timing, k=5),
+            "peak_rss_mb": peak,
+            "probe_gflops": [100.0],
+            "contended": contended,
+            "wall_s": 2.0,
+        }
+
+    merged = bench.merge_rounds([run([1.0, 2.0], 300.0, False), run([3.0, 6.0], 350.0, True)])  # type: ignore[attr-defined]
+    assert merged["greedy"]["seconds"] == [1.0, 2.0, 3.0, 6.0]
+    assert merged["greedy"]["sentences_per_s"] == pytest.approx(6 / 2.5)
+    assert merged["greedy"]["rounds"] == [4.0, pytest.approx(6 / 4.5)] and merged["beam"]["k"] == 5
+    assert merged["peak_rss_mb"] == 350.0 and merged["contended"] and merged["wall_s"] == 4.0
+    assert merged["probe_gflops"] == [100.0, 100.0] and merged["rounds"] == 2
+    failed = {"error": "boom"}
+    assert bench.merge_rounds([run([1.0], 1.0, False), failed]) is failed  # type: ignore[attr-defined]
 
 
 def test_cuda_without_a_gpu_is_refused(bench: object) -> None:
