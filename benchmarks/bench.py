@@ -33,6 +33,8 @@ import report  # noqa: E402
 from peers import PEERS, available  # noqa: E402
 
 BEST_PROBE = {"gflops": 0.0}  # the best 1024^3 probe of this run: what an idle core gives
+# The decoding targets name Hugging Face's `generate`, the one peer with beam search too.
+TARGET_PEER = "hf_marian"
 
 
 def run_phase(phase: str, args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
@@ -197,8 +199,7 @@ def main_run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     fastest_train = best(train, peers, lambda r: r.get("identical", {}).get("tgt_tokens_per_s"))
     if fastest_train and not args.no_pair:
         pairs.append(run_phase("pair", args, peer=fastest_train, pair_part="train"))
-    # The decoding targets name Hugging Face's `generate`, the one peer with beam search too.
-    decode_peer = "hf_marian" if "hf_marian" in peers else best(decode, peers, greedy_speed)
+    decode_peer = TARGET_PEER if TARGET_PEER in peers else best(decode, peers, greedy_speed)
     if decode_peer and not args.no_decode and not args.no_pair:
         pairs.append(run_phase("pair", args, peer=decode_peer, pair_part="decode"))
     results["pairs"] = pairs
@@ -215,12 +216,12 @@ def main_run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
 def decode_in_rounds(args: argparse.Namespace, systems: list[str]) -> dict[str, dict[str, Any]]:
     """Each system's decoding phase `--decode-rounds` times, in a fresh process each time.
 
-    The systems take turns, qkv and Hugging Face (whose `generate` the decoding targets name)
-    side by side, in reverse order every other round: a slow stretch of the host, which lasts
-    minutes, then falls on every system alike, where one phase each would leave it on whichever
-    ran in it. The rounds of a system are merged by `merge_rounds`.
+    The systems take turns, qkv and `TARGET_PEER` side by side, in reverse order every other
+    round: a slow stretch of the host, which lasts minutes, then falls on every system alike,
+    where one phase each would leave it on whichever ran in it. The rounds of a system are
+    merged by `merge_rounds`.
     """
-    order = sorted(systems, key=lambda s: (s != "qkv", s != "hf_marian"))  # stable
+    order = sorted(systems, key=lambda s: (s != "qkv", s != TARGET_PEER))  # stable
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
     for index in range(args.decode_rounds):
         for system in order if index % 2 == 0 else order[::-1]:
