@@ -322,7 +322,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--decode-rounds",
         type=int,
-        default=3,
+        default=5,
         help="decoding phases per system, the systems taking turns (`decode_in_rounds`)",
     )
     parser.add_argument("--beam", type=int, default=5, help="beam width; 0 skips beam search")
