@@ -6,11 +6,12 @@
 Every system has the same shape (d_model 256, 4 heads, d_ff 1024, 3 + 3 layers, dropout 0.1,
 separate 8,000-token vocabularies) and sees the same synthetic Multi30k-shaped data. Each
 measurement runs in a fresh worker process with `--threads` torch threads: the matmul peak,
-each system's training, each system's decoding in `--decode-rounds` rounds (`decode_in_rounds`),
-then qkv interleaved step by step with the fastest peer
-(decoding: with Hugging Face), qkv and Hugging Face decoding in `--threads` processes of one
-thread (qkv's `--workers`), and a profile of qkv's training step. Peers that are not installed are
-skipped with a note.
+each system's training, each system's decoding in `--decode-rounds` rounds (`decode_in_rounds`;
+qkv decodes as `qkv translate` does, `--threads` batches at once in worker threads of one torch
+thread each), then qkv interleaved step by step (decoding: batch by batch, one at a time) with the
+fastest peer (decoding: with Hugging Face), qkv and Hugging Face decoding both ways, one batch at
+a time and in `--threads` worker threads (qkv's `--workers`), and a profile of qkv's training
+step. Peers that are not installed are skipped with a note.
 """
 
 from __future__ import annotations
@@ -333,7 +334,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--no-workers",
         action="store_true",
-        help="skip decoding in --threads worker processes of one thread (CPU only)",
+        help="skip decoding both ways, one batch at a time and in --threads worker threads "
+        "(CPU only)",
     )
     parser.add_argument(
         "--no-cuda-graphs",

@@ -403,14 +403,21 @@ def time_decoding(
     batches: list[torch.Tensor],
     n: int,
     args: Any,
+    width: int = 1,
 ) -> float:
+    """Seconds to decode every batch (beam `width`, 1 for greedy): one after the other, or as
+    the system does many (`map_batches`: qkv's workers)."""
     start = time.perf_counter()
-    for batch in batches:
-        with decoding_autocast(system, args):
-            out = fn(batch)
-        assert out.shape == (batch.size(0), n), (tuple(out.shape), n)
+    with decoding_autocast(system, args):
+        if hasattr(system, "map_batches"):
+            found = system.map_batches(fn, batches, width)
+        else:
+            found = [fn(batch) for batch in batches]
     sync(args)
-    return time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    for batch, out in zip(batches, found, strict=True):
+        assert out.shape == (batch.size(0), n), (tuple(out.shape), n)
+    return seconds
 
 
 def phase_decode(args: Any) -> dict[str, Any]:
@@ -449,6 +456,7 @@ def phase_decode(args: Any) -> dict[str, Any]:
                     batches,
                     args.new_tokens,
                     args,
+                    args.beam,
                 )
                 for _ in range(skip + max(1, args.decode_repeats // 2))
             ][skip:]

@@ -11,13 +11,16 @@ n tokens, like `min_new_tokens = max_new_tokens = n` in Hugging Face's `generate
 (or with `cuda_graphs` False), `greedy_search` and `beam_search` over `ModelDecoder`, the
 model's KV-cached `decode_step` (greedy search takes its `step_argmax`); on a GPU,
 `graphed_greedy_search` and `graphed_beam_search`, whose decoding step and search step are
-recorded together as one CUDA graph and replayed.
+recorded together as one CUDA graph and replayed. A pass over many batches goes through
+`map_batches`, as `qkv translate` decodes its batches: on a CPU, greedy batches as many at once
+as the torch threads (up to 4), each in a worker thread of one torch thread
+(`qkv.inference.workers`); beam search's one at a time.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -36,6 +39,7 @@ from qkv.inference.graphed import StaticDecoder
 from qkv.inference.incremental import DecodingWeights, ModelDecoder
 from qkv.inference.search import greedy_search
 from qkv.inference.search_graphs import SearchGraphs
+from qkv.inference.workers import auto_workers, map_in_workers
 from qkv.model import ModelConfig, Seq2SeqTransformer
 from qkv.training.graphed import GraphedStep
 from qkv.training.losses import bucket_loss, nonpad_logits, smoothed_cross_entropy
@@ -153,6 +157,15 @@ class QkvSystem:
             decoder = ModelDecoder(self.model, src, n, (EOS,), self.decoding_weights)
             found = greedy_search(decoder, src.size(0), budget, BOS, EOS)
         return torch.tensor(found, dtype=torch.long)  # (B, n)
+
+    def map_batches(
+        self, run: Callable[[Tensor], Tensor], batches: Sequence[Tensor], width: int
+    ) -> list[Tensor]:
+        """`run` over every batch as `qkv translate` decodes its batches (`workers=0`): on a
+        CPU, greedy batches as many at once as the torch threads (up to 4), one worker thread
+        each; beam search's (`width` > 1) one at a time."""
+        workers = auto_workers(0, batches[0].device, width)
+        return list(map_in_workers(lambda i: run(batches[i]), len(batches), workers))
 
     def beam(self, src: Tensor, n: int, k: int) -> Tensor:
         budget = torch.full((src.size(0),), n, dtype=torch.long, device=src.device)

@@ -170,24 +170,26 @@ def host_speed(results: dict[str, Any], pair: dict[str, Any]) -> str:
 
 
 def workers(results: dict[str, Any]) -> list[str]:
-    """Decoding in one process of N threads against N worker processes of one thread."""
+    """Decoding one batch at a time on N threads against N worker threads of one thread."""
     w = results.get("workers")
     if not w or "error" in w:
-        return ["", "Decoding in worker processes: failed (see the JSON)."] if w else []
+        return ["", "Decoding in worker threads: failed (see the JSON)."] if w else []
     kinds = [k for k in ("greedy", "beam") if k in w]
     peer, n = w["peer"], w["workers"]
     lines = [
         "",
-        f"### Decoding in {n} worker processes of one thread (`--workers {n}`), interleaved",
+        f"### Decoding {n} batches at once, in worker threads of one thread (`--workers {n}`), "
+        "interleaved",
         "",
         f"Both systems through qkv's `map_in_workers`; a pass decodes all {w['sentences']} "
-        "sentences, the workers' start included. Ratios are against the peer in one process "
-        f"(as it ships) and against the peer split the same way.",
+        "sentences. 1 × N: one batch at a time on N threads (as the peer ships); N × 1: qkv's "
+        "default. Ratios are against the peer one batch at a time and against the peer split "
+        "the same way.",
         "",
-        "| system | processes × threads | "
+        "| system | workers × threads | "
         + " | ".join(f"{k} sent/s | ×{peer} | ×{peer} split" for k in kinds)
-        + " | private MB per worker |",
-        "|---|---|" + "---:|---:|---:|" * len(kinds) + "---:|",
+        + " |",
+        "|---|---|" + "---:|---:|---:|" * len(kinds),
     ]
     for index, row in enumerate(w[kinds[0]]):
         cells = []
@@ -195,11 +197,10 @@ def workers(results: dict[str, Any]) -> list[str]:
             rows = {(r["system"], r["workers"]): r["sentences_per_s"] for r in w[kind]}
             value = w[kind][index]["sentences_per_s"]
             cells += [fmt(value, 1), ratio(value, rows[(peer, 1)]), ratio(value, rows[(peer, n)])]
-        private = max((w[k][index]["worker_private_mb"] or 0.0) for k in kinds)
         lines.append(
             f"| {row['system']} | {row['workers']} × {row['threads_each']} | "
             + " | ".join(cells)
-            + f" | {fmt(private) if private else '—'} |"
+            + " |"
         )
     return lines
 

@@ -1,12 +1,11 @@
-"""Decoding in worker processes (`qkv translate --workers`), qkv and a peer side by side.
+"""Decoding in worker threads (`qkv translate --workers`), qkv and a peer side by side.
 
-Each system decodes the benchmark's batches in two ways: in one process on `--threads` torch
-threads, as in the decode phase, and spread over `--threads` forked workers of one thread each
-by qkv's `map_in_workers`. The peer goes through the same `map_in_workers`, so the split is
-compared with the split. The four ways alternate pass by pass (forward, then backward), in one
-process, so that load from other processes hits all alike; a pass decodes every batch, and
-the workers' start-up (fork, first step) is timed in it, as a user pays it on each call.
-Also kept: the memory each worker holds of its own (private pages) after its batch.
+Each system decodes the benchmark's batches in two ways: one batch at a time on `--threads`
+torch threads, and `--threads` batches at once, each in a worker thread of one torch thread,
+by qkv's `map_in_workers` (what qkv's decode phase runs, `--workers 0`). The peer goes
+through the same `map_in_workers`, so the split is compared with the split. The four ways
+alternate pass by pass (forward, then backward), in one process, so that load from other
+processes hits all alike; a pass decodes every batch, the workers' start included.
 `bench.py` runs it after the decode phases; on its own, with `bench.py`'s options:
 
     python benchmarks/workers_phase.py [--peer hf_marian] [--threads 2] [--beam 5] ...
@@ -55,16 +54,12 @@ def phase_workers(args: Any) -> dict[str, Any]:
             system.greedy(batches[0][:4], 3)  # warm-up, inherited by the workers
     for kind, run in kinds.items():
         seconds: dict[Way, list[float]] = {way: [] for way in ways}
-        private: dict[Way, float] = {}
         for repeat in range(args.decode_repeats):
             for way in ways if repeat % 2 == 0 else ways[::-1]:
-                split = way[1] > 1
-                job = decoding_job(systems[way[0]], run, batches, args, split)
+                job = decoding_job(systems[way[0]], run, batches, args)
                 start = time.perf_counter()
-                found = list(map_in_workers(job, len(batches), way[1]))
+                list(map_in_workers(job, len(batches), way[1]))
                 seconds[way].append(time.perf_counter() - start)
-                if split:
-                    private[way] = max(private.get(way, 0.0), *found)
         result[kind] = [
             {
                 "system": name,
@@ -72,7 +67,6 @@ def phase_workers(args: Any) -> dict[str, Any]:
                 "threads_each": args.threads if workers == 1 else 1,
                 "sentences_per_s": sentences / statistics.median(seconds[(name, workers)]),
                 "seconds": seconds[(name, workers)],
-                "worker_private_mb": private.get((name, workers)),
             }
             for name, workers in ways
         ]
@@ -86,30 +80,16 @@ def decoding_job(
     run: Callable[[Any, torch.Tensor], torch.Tensor],
     batches: list[torch.Tensor],
     args: Any,
-    in_worker: bool,
-) -> Callable[[int], float]:
-    """Decode batch i and check its shape; in a worker, return the worker's private memory in
-    MB (0 in this process, whose memory is the decode phase's to measure)."""
+) -> Callable[[int], None]:
+    """Decode batch i and check its shape."""
 
-    def job(index: int) -> float:
+    def job(index: int) -> None:
         batch = batches[index]
         with torch.inference_mode(), decoding_autocast(system, args):
             out = run(system, batch)
         assert out.shape == (batch.size(0), args.new_tokens), (tuple(out.shape), args.new_tokens)
-        return private_mb() if in_worker else 0.0
 
     return job
-
-
-def private_mb() -> float:
-    """Pages of this process's own, not shared with any other (Linux), in MB; 0 elsewhere."""
-    try:
-        with open("/proc/self/smaps_rollup") as handle:
-            fields = dict(line.split(":", 1) for line in handle if ":" in line)
-    except OSError:
-        return 0.0
-    kib = sum(int(fields.get(k, "0 kB").split()[0]) for k in ("Private_Clean", "Private_Dirty"))
-    return kib / 1024
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -132,10 +132,11 @@ def _add_speed_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workers",
         type=int,
-        default=1,
+        default=0,
         metavar="N",
-        help="translation on a CPU: decode in N processes of one thread each, one per core "
-        "(default %(default)s)",
+        help="translation on a CPU: decode N batches at once, each in a thread of its own; "
+        "0 is one per torch thread, up to 4, for greedy search and sampling, and 1 for beam "
+        "search (default %(default)s)",
     )
     parser.add_argument(
         "--bf16",
@@ -326,8 +327,8 @@ def given_options(args: argparse.Namespace, defaults: dict[str, object]) -> list
 
 def device_name(args: argparse.Namespace) -> str:
     """The device a command runs on: --device, where auto means the CPU when --workers asks
-    for CPU processes."""
-    if args.device == "auto" and getattr(args, "workers", 1) > 1:
+    for more than one CPU thread."""
+    if args.device == "auto" and getattr(args, "workers", 0) > 1:
         return "cpu"
     return str(args.device)
 

@@ -219,7 +219,7 @@ def test_translate_reads_gzipped_stdin(
         (["--alpha=-1"], "alpha must be between 0 and 10"),
         (["--sample", "--temperature", "nan"], "temperature must be a number > 0"),
         (["--sample", "--top-p", "0"], "top_p"),
-        (["--workers", "0"], "workers must be >= 1"),
+        (["--workers", "-1"], "workers must be >= 0"),
         (["--top-k", "5"], "--top-k is for --sample; without it qkv searches"),
         (["--beam", "1", "--temperature", "0.5"], "--temperature is for --sample"),
         (["--sample", "--beam", "3"], "--beam is for beam search, which --sample replaces"),

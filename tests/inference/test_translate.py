@@ -28,7 +28,7 @@ BAD = {
     "negative top_k": ({"top_k": -1}, "top_k must be >= 0"),
     "top_p 0": ({"top_p": 0.0}, r"top_p must be in \(0, 1\]"),
     "top_p above 1": ({"top_p": 1.5}, r"top_p must be in \(0, 1\]"),
-    "no workers": ({"workers": 0}, "workers must be >= 1, got 0"),
+    "negative workers": ({"workers": -1}, r"workers must be >= 0 \(0: as many as pay\), got -1"),
     "infinite max_len_a": ({"max_len_a": math.inf}, "max_len_a and max_len_b must be >= 0"),
     "max_len_a NaN": ({"max_len_a": math.nan}, "max_len_a and max_len_b must be >= 0"),
     "seed too large": ({"seed": 2**64}, r"seed must be between 0 and 2\*\*63 - 1"),

@@ -1,12 +1,9 @@
-"""Decoding in forked worker processes: order, errors, one thread each, same output."""
+"""Decoding in worker threads: order, errors, threads each, modes, same output."""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 import warnings
@@ -14,73 +11,104 @@ import warnings
 import pytest
 import torch
 
-from qkv.errors import ConfigError, QkvError
+from qkv.errors import ConfigError
 from qkv.inference import workers as workers_module
 from qkv.inference.translate import DecodeOptions, translate_ids
-from qkv.inference.workers import check_workers, map_in_workers
+from qkv.inference.workers import AUTO_MOST, auto_workers, check_workers, map_in_workers
 from qkv.model.seq2seq import Seq2SeqTransformer
 from tests.model.helpers import tiny_config
 
-
-def where(index: int) -> tuple[int, int, int]:
-    return index, os.getpid(), torch.get_num_threads()
+CPU = torch.device("cpu")
 
 
-def test_results_come_in_order_from_worker_processes_of_one_thread() -> None:
+def where(index: int) -> tuple[int, str, int]:
+    return index, threading.current_thread().name, torch.get_num_threads()
+
+
+@pytest.fixture
+def four_threads() -> object:
+    before = torch.get_num_threads()
+    torch.set_num_threads(4)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.usefixtures("four_threads")
+def test_results_come_in_order_from_worker_threads_sharing_the_callers_threads() -> None:
     found = list(map_in_workers(where, 7, workers=2))
     assert [index for index, _, _ in found] == list(range(7))
-    pids = {pid for _, pid, _ in found}
-    assert os.getpid() not in pids and 1 <= len(pids) <= 2
-    assert {threads for _, _, threads in found} == {1}
+    here = threading.current_thread().name
+    # Jobs 0-5 in the two workers on 2 torch threads each, the seventh here on all 4.
+    assert {(name != here, threads) for _, name, threads in found[:6]} == {(True, 2)}
+    assert 1 <= len({name for _, name, _ in found[:6]}) <= 2
+    assert found[6][1:] == (here, 4)
+    assert torch.get_num_threads() == 4  # the caller's count is left as it was
 
 
 def test_one_worker_or_one_job_runs_here() -> None:
+    here = threading.current_thread().name
     for count, workers in ((3, 1), (1, 4), (0, 2)):
         found = list(map_in_workers(where, count, workers))
         assert [index for index, _, _ in found] == list(range(count))
-        assert {pid for _, pid, _ in found} <= {os.getpid()}
+        assert {name for _, name, _ in found} <= {here}
 
 
-def fail_on_two(index: int) -> int:
-    if index == 2:
-        raise ValueError(f"job {index} failed")
-    return index
+def test_jobs_run_under_the_callers_grad_and_inference_modes() -> None:
+    def modes(index: int) -> tuple[bool, bool]:
+        return torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+
+    assert set(map_in_workers(modes, 4, workers=2)) == {(True, False)}
+    with torch.no_grad():
+        assert set(map_in_workers(modes, 4, workers=2)) == {(False, False)}
+    with torch.inference_mode():
+        assert set(map_in_workers(modes, 4, workers=2)) == {(False, True)}
 
 
-def die_on_one(index: int) -> int:
-    if index == 1:
-        os._exit(3)
-    return index
+def test_a_jobs_error_is_raised_here_and_no_new_job_starts() -> None:
+    started = []
+
+    def fail_on_one(index: int) -> int:
+        started.append(index)
+        if index == 1:
+            raise ValueError(f"job {index} failed")
+        time.sleep(0.05)
+        return index
+
+    with pytest.raises(ValueError, match="job 1 failed"):
+        list(map_in_workers(fail_on_one, 40, workers=2))
+    assert len(started) < 40
 
 
-def test_a_jobs_error_is_raised_here() -> None:
-    with pytest.raises(ValueError, match="job 2 failed"):
-        list(map_in_workers(fail_on_two, 4, workers=2))
-    assert workers_module._JOB is None
-
-
-def test_a_dead_worker_is_a_clear_error() -> None:
-    with pytest.raises(QkvError, match="worker process died"):
-        list(map_in_workers(die_on_one, 4, workers=2))
-
-
-def test_workers_need_a_cpu_and_fork(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_workers_need_a_cpu() -> None:
+    check_workers(0, torch.device("cuda"))
     check_workers(1, torch.device("cuda"))
-    check_workers(2, torch.device("cpu"))
+    check_workers(2, CPU)
     with pytest.raises(ConfigError, match=r"on a CPU only; this model is on cuda \(--device cpu"):
         check_workers(2, torch.device("cuda"))
-    monkeypatch.setattr(workers_module.multiprocessing, "get_all_start_methods", lambda: ["spawn"])
-    with pytest.raises(ConfigError, match="started by fork"):
-        check_workers(2, torch.device("cpu"))
+
+
+def test_auto_is_one_worker_per_torch_thread_for_one_path_on_a_cpu_and_one_elsewhere(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(workers_module, "usable_cpus", lambda: 64)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert auto_workers(0, CPU) == 2
+    assert auto_workers(0, CPU, width=5) == 1  # beam search
+    assert auto_workers(0, torch.device("cuda")) == 1
+    assert auto_workers(3, CPU, width=5) == 3  # given: as given
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 64)
+    assert auto_workers(0, CPU) == AUTO_MOST
+    monkeypatch.setattr(workers_module, "usable_cpus", lambda: 1)
+    assert auto_workers(0, CPU) == 1
 
 
 def test_more_workers_than_cpus_is_warned_about(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(workers_module, "usable_cpus", lambda: 2)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        check_workers(2, torch.device("cpu"))  # one per CPU: nothing to say
+        check_workers(2, CPU)  # one per CPU: nothing to say
     with pytest.warns(UserWarning, match="^64 workers on 2 CPUs: .* 2 is the most that helps$"):
-        check_workers(64, torch.device("cpu"))
+        check_workers(64, CPU)
     monkeypatch.undo()
     assert workers_module.usable_cpus() >= 1
 
@@ -98,68 +126,39 @@ def test_translation_does_not_depend_on_the_number_of_workers(fields: dict[str, 
         for n in torch.randint(1, 12, (23,), generator=generator)
     ]
     sources[5] = []
-    options = [DecodeOptions(max_len_b=6, max_tokens=30, workers=w, **fields) for w in (1, 2, 3)]
-    cpu = torch.device("cpu")
-    one, two, three = (translate_ids(model, sources, o, cpu) for o in options)
-    assert one == two == three
+    options = [DecodeOptions(max_len_b=6, max_tokens=30, workers=w, **fields) for w in (1, 2, 3, 0)]
+    one, two, three, auto = (translate_ids(model, sources, o, CPU) for o in options)
+    assert one == two == three == auto
     assert one[5] == [] and sum(map(len, one)) > 0
 
 
-def sleep_long(index: int) -> int:
-    time.sleep(60)
-    return index
+def test_an_interrupt_starts_no_new_job() -> None:
+    started = []
 
+    def sleep_a_little(index: int) -> int:
+        started.append(index)
+        time.sleep(0.5)
+        return index
 
-def test_an_interrupt_stops_the_workers_at_once() -> None:
-    before = set(multiprocessing.active_children())
-    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
     start = time.monotonic()
     timer.start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            list(map_in_workers(sleep_long, 4, workers=2))
+            list(map_in_workers(sleep_a_little, 40, workers=2))
     finally:
         timer.cancel()
-    assert time.monotonic() - start < 30  # not the 60 s of the batches under way
-    assert set(multiprocessing.active_children()) <= before
-    assert workers_module._JOB is None
+    assert sorted(started) == [0, 1]  # the two under way ended, none started after
+    assert time.monotonic() - start < 5  # not the 10 s of the other 38
 
 
-WORKERS_SCRIPT = """
-import os, sys, time
-from qkv.inference.workers import map_in_workers
-
-def job(index):
-    os.write(1, b"%d\\n" % os.getpid())  # one write: the two workers' lines never interleave
-    time.sleep(60)
-    return index
-
-try:
-    list(map_in_workers(job, 4, workers=2))
-except KeyboardInterrupt:
-    sys.exit(130)
-"""
-
-
-def alive(pid: int) -> bool:
+def test_sigterm_while_the_workers_run_is_an_interrupt() -> None:
+    timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM))
+    previous = signal.getsignal(signal.SIGTERM)
+    timer.start()
     try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-@pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc to see the workers")
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
-def test_workers_end_when_their_parent_is_terminated_or_killed(signum: signal.Signals) -> None:
-    parent = subprocess.Popen(
-        [sys.executable, "-c", WORKERS_SCRIPT], stdout=subprocess.PIPE, text=True
-    )
-    assert parent.stdout is not None
-    pids = [int(parent.stdout.readline()) for _ in range(2)]  # both workers are under way
-    parent.send_signal(signum)
-    assert parent.wait(timeout=30) == (130 if signum == signal.SIGTERM else -signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(alive(pid) for pid in pids)
+        with pytest.raises(KeyboardInterrupt):
+            list(map_in_workers(lambda index: time.sleep(0.5), 40, workers=2))
+    finally:
+        timer.cancel()
+    assert signal.getsignal(signal.SIGTERM) == previous

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Hashable, Sequence
 
 from torch import Tensor
@@ -25,7 +26,8 @@ class DecodingWeights:
     greedy decoding takes some fifty. They are made again when a weight of the model has
     changed since: trained or loaded in place, cast, moved or replaced (a change through
     `tensor.data`, which autograd does not see, is not noticed), and every time for weights
-    that are inference tensors.
+    that are inference tensors. Workers decoding batches side by side (`workers.py`) share
+    them: one makes them while the others wait.
 
     Args:
         model: the translation model, in eval mode.
@@ -34,16 +36,18 @@ class DecodingWeights:
     def __init__(self, model: Seq2SeqTransformer) -> None:
         self.model = model
         self._made: tuple[Hashable, Seq2SeqTransformer, OutputLayer] | None = None
+        self._making = threading.Lock()
 
     def frozen(self, rows: int) -> tuple[Seq2SeqTransformer, OutputLayer]:
         """The model with its decoder frozen (sharing the model's parameters) and the frozen
         output layer; `rows`, the usual number of rows per step, is a hint for the layout of
         the weights when they are made."""
-        stamp = self._stamp()
-        if self._made is None or self._made[0] != stamp:
-            model = frozen_copy(self.model, rows, keep=("encoder",))
-            self._made = stamp, model, OutputLayer(self.model.output, rows)
-        return self._made[1], self._made[2]
+        with self._making:
+            stamp = self._stamp()
+            if self._made is None or self._made[0] != stamp:
+                model = frozen_copy(self.model, rows, keep=("encoder",))
+                self._made = stamp, model, OutputLayer(self.model.output, rows)
+            return self._made[1], self._made[2]
 
     def _stamp(self) -> Hashable:
         """What changes when a weight does. Inference tensors (made under

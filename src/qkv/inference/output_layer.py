@@ -44,6 +44,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -144,8 +145,9 @@ class OutputLayer:
             and int8_matmuls_exact()
         )
         self.rows = rows
-        # Made at the first `argmax`; shared by the copies.
+        # Made at the first `argmax`, by one thread at a time; shared by the copies.
         self._screen: list[_Screen | _QuantizedScreen] = []
+        self._making = threading.Lock()
         self.candidates = 0  # tokens the last screened `argmax` settled in float32, all rows
 
     def excluding(self, never: Sequence[int]) -> OutputLayer:
@@ -171,10 +173,11 @@ class OutputLayer:
         return screen.weight if isinstance(screen, _QuantizedScreen) else None
 
     def _prepare_screen(self) -> _Screen | _QuantizedScreen:
-        if not self._screen:
-            weight = self.exact.linear.weight.detach()  # (V, D) float32
-            made = self._quantized_screen(weight) if self.quantizes else None
-            self._screen.append(made or self._rounded_screen(weight))
+        with self._making:
+            if not self._screen:
+                weight = self.exact.linear.weight.detach()  # (V, D) float32
+                made = self._quantized_screen(weight) if self.quantizes else None
+                self._screen.append(made or self._rounded_screen(weight))
         return self._screen[0]
 
     def _rounded_screen(self, weight: Tensor) -> _Screen:

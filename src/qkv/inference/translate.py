@@ -19,7 +19,7 @@ from qkv.inference.incremental import DecodingWeights
 from qkv.inference.precision import decoding_model
 from qkv.inference.search import check_sampling, greedy_search, sample
 from qkv.inference.search_graphs import SearchGraphs
-from qkv.inference.workers import check_workers, map_in_workers
+from qkv.inference.workers import auto_workers, check_workers, map_in_workers
 from qkv.model.seq2seq import Seq2SeqTransformer
 
 MAX_BEAM = 256
@@ -43,7 +43,7 @@ class DecodeOptions:
     seed: int = 0
     max_tokens: int = 6000  # source tokens x beam per batch
     cuda_graphs: bool = True  # on a GPU, replay each model and search step as one CUDA graph
-    workers: int = 1  # on a CPU, processes decoding batches side by side, one thread each
+    workers: int = 0  # on a CPU, threads decoding batches side by side (0: `auto_workers`)
     bf16: bool = False  # decode a bfloat16 copy of the model (see `precision.py`)
 
     def __post_init__(self) -> None:
@@ -69,8 +69,8 @@ class DecodeOptions:
             )
         if self.max_tokens < 1:
             raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.workers < 1:
-            raise ConfigError(f"workers must be >= 1, got {self.workers}")
+        if self.workers < 0:
+            raise ConfigError(f"workers must be >= 0 (0: as many as pay), got {self.workers}")
         if not 0 <= self.seed < 2**63:
             raise ConfigError(f"seed must be between 0 and 2**63 - 1, got {self.seed}")
         check_sampling(self.temperature, self.top_k, self.top_p)
@@ -85,7 +85,7 @@ def translate_ids(
 ) -> list[list[int]]:
     """Translate token-id sequences (no BOS/EOS) into target ids (no BOS/EOS), in input order.
 
-    Batches go to `options.workers` processes on a CPU (see `workers.py`). When sampling, each
+    Batches go to `options.workers` threads on a CPU (see `workers.py`). When sampling, each
     sentence draws from a random stream of its own, seeded from `options.seed` and its place
     in `sources`, so its translation depends on neither the workers, nor the batching, nor the
     other sentences. With `progress`, a bar of sentences done is drawn on stderr when
@@ -138,7 +138,7 @@ def _translate_ids(
         for batch in token_budget_batches(lengths, budget, shuffle=False, seed=0, epoch=0)
     ]
     graphs = SearchGraphs(model) if options.cuda_graphs and device.type == "cuda" else None
-    weights = DecodingWeights(model)  # made at the first batch (of each worker)
+    weights = DecodingWeights(model)  # made at the first batch, shared by the workers
     seeds = torch.randint(
         2**62, (len(sources),), generator=torch.Generator().manual_seed(options.seed)
     ).tolist()  # one per sentence
@@ -152,7 +152,9 @@ def _translate_ids(
         seeds_of_rows = [seeds[r] for r in rows]
         return _decode_batch(model, src.to(device), options, seeds_of_rows, graphs, weights)
 
-    found_batches = map_in_workers(decode, len(batches), options.workers)
+    width = 1 if options.sampling else options.beam_size
+    workers = auto_workers(options.workers, device, width)
+    found_batches = map_in_workers(decode, len(batches), workers)
     with tqdm(total=len(todo), unit="sent", disable=None if progress else True, leave=False) as bar:
         for rows, found in zip(batches, found_batches, strict=True):
             for r, tokens in zip(rows, found, strict=True):

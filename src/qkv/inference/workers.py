@@ -1,61 +1,69 @@
-"""Decoding on a CPU in several processes of one thread each: `map_in_workers(job, n, workers)`.
+"""Decoding batches side by side on a CPU: `map_in_workers(job, count, workers)`.
 
 A decoding step multiplies small matrices (64 rows by 256 columns for a batch of 64) and runs
-dozens of small operations. Two threads on one such step wait for each other at every
-operation. Two processes, each decoding its own batches on one thread, do not. On a 2-core
-machine that gives 1.24-1.46x the sentences per second greedy and 1.05-1.13x with beam-5 over
-three benchmark runs, the workers' start included (`benchmarks/README.md`). Translators built
-for CPUs work this way: CTranslate2's `inter_threads` is the same split.
+dozens of small operations. Two torch threads on one such step meet at every operation, and
+how long one waits for the other depends on the host: on a shared 2-core VM the second
+thread's share of a 64-row product comes and goes in stretches of seconds, and with it a
+quarter of the decoding speed (`benchmarks/README.md`). Two threads of this process, each
+decoding batches of its own on one torch thread, never meet: a batch takes longer, but two go
+at once. Translators built for CPUs work this way: CTranslate2's `inter_threads` is the
+same split.
 
-The workers are forked, so they start in milliseconds and share the parent's model, whose
-weights are read and never written, so the pages stay shared. A forked child cannot use the
-parent's OpenMP thread pool, so each worker runs torch on one thread, which is the point here.
-Only batches' indices go to the workers and only plain results come back.
+The workers are threads of this process, so they share the model and start at once. torch
+runs its operations without Python's lock, which the workers then hold only for the few
+microseconds of each operation's call. torch's thread count is per thread: each worker sets
+its own, and the caller's is left as it was.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import multiprocessing
 import os
 import signal
 import threading
 import warnings
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import torch
 
-from qkv.errors import ConfigError, QkvError
+from qkv.errors import ConfigError
 
 Result = TypeVar("Result")
 
-PR_SET_PDEATHSIG = 1
-"""prctl's option that names the signal a process gets when its parent dies (Linux)."""
-
-_JOB: Callable[[int], Any] | None = None
-"""The job of the pool being started; forked workers inherit it, so it is never pickled."""
+AUTO_MOST = 4
+"""The most workers chosen when none are asked for (`workers=0`): each one's operations take
+Python's lock for a moment, so very many of them would wait for it."""
 
 
 def check_workers(workers: int, device: torch.device) -> None:
-    """Raise ConfigError when `workers` > 1 processes cannot decode on `device`; warn when
-    they are more than the CPUs."""
+    """Raise ConfigError when `workers` > 1 threads cannot decode on `device`; warn when they
+    are more than the CPUs."""
     if workers > 1 and device.type != "cpu":
         raise ConfigError(
             f"workers > 1 decode on a CPU only; this model is on {device.type} "
             "(--device cpu, or Translator.load(run, device='cpu'))"
         )
-    if workers > 1 and "fork" not in multiprocessing.get_all_start_methods():
-        raise ConfigError("workers > 1 need processes started by fork, which this system lacks")
     if workers > (cpus := usable_cpus()):
         warnings.warn(
             f"{workers} workers on {cpus} CPU{'s' if cpus > 1 else ''}: the extra ones only "
             f"take turns and hold memory; {cpus} is the most that helps",
             stacklevel=2,
         )
+
+
+def auto_workers(workers: int, device: torch.device, width: int = 1) -> int:
+    """How many workers decode: `workers` when given (> 0); for 0 (auto), one per torch thread
+    of the caller, at most AUTO_MOST, for a search of one path per sentence (greedy,
+    sampling) on a CPU, and one otherwise. A beam search's width multiplies the rows of a
+    batch (`width`), and so the size of its products and the memory of each batch decoded at
+    once: there two workers paid 1.07x for half as much memory again (`benchmarks/README.md`).
+    """
+    if workers > 0:
+        return workers
+    if device.type != "cpu" or width > 1:
+        return 1
+    return max(1, min(torch.get_num_threads(), usable_cpus(), AUTO_MOST))
 
 
 def usable_cpus() -> int:
@@ -66,45 +74,45 @@ def usable_cpus() -> int:
 
 
 def map_in_workers(job: Callable[[int], Result], count: int, workers: int) -> Iterator[Result]:
-    """`job(0), ..., job(count - 1)`, yielded in order, computed by `workers` processes.
+    """`job(0), ..., job(count - 1)`, yielded in order, computed by `workers` threads.
 
-    With one worker (or one job) everything runs here, on torch's threads. Otherwise each
-    worker takes the next index when it is free, so long and short jobs even out. A job's
-    exception is raised here; a worker that dies (killed, out of memory) raises QkvError.
-    On KeyboardInterrupt or SIGTERM here, the workers are stopped at once (SIGTERM is raised
-    as KeyboardInterrupt while the workers run); a worker whose parent dies, even by SIGKILL,
-    is ended by the kernel (Linux).
+    With one worker (or one job) everything runs here, on the caller's torch threads.
+    Otherwise each worker runs torch on its share of the caller's threads (one each when they
+    are as many) and takes the next index when it is free, so long and short jobs even out;
+    the last `count % workers` jobs, which would leave workers idle, run here afterwards on
+    all of the caller's threads. Every job runs under the caller's grad and inference modes.
+    A job's exception is raised here once the jobs under way have ended, and no new job
+    starts; so does KeyboardInterrupt, and SIGTERM while the workers run (main thread only).
     """
-    if workers <= 1 or count <= 1:
+    workers = min(workers, count)
+    if workers <= 1:
         yield from map(job, range(count))
         return
-    global _JOB
-    _JOB = job
-    others = set(multiprocessing.active_children())
-    pool = ProcessPoolExecutor(
-        min(workers, count), mp_context=multiprocessing.get_context("fork"), initializer=_start
+    threads = torch.get_num_threads()
+    grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+
+    def in_mode(index: int) -> Result:
+        with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+            return job(index)
+
+    split = count - count % workers
+    pool = ThreadPoolExecutor(
+        workers,
+        "qkv-decode",
+        initializer=torch.set_num_threads,
+        initargs=(max(1, threads // workers),),
     )
     previous = _raise_on_sigterm()
     try:
-        with warnings.catch_warnings():
-            # Python >= 3.12 warns at fork when the process has threads (here OpenMP's idle
-            # pool). Workers never touch that pool: they run torch on one thread of their own.
-            warnings.filterwarnings(
-                "ignore", "This process .* is multi-threaded", DeprecationWarning
-            )
-            results = pool.map(_run, range(count))
-        yield from results
-    except BrokenProcessPool as error:
-        raise QkvError("a decoding worker process died (killed, or out of memory?)") from error
-    except KeyboardInterrupt:  # stop now, not after the batches under way
-        for process in set(multiprocessing.active_children()) - others:
-            process.terminate()
-        raise
+        futures: list[Future[Result]] = [pool.submit(in_mode, i) for i in range(split)]
+        for future in futures:
+            yield future.result()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
-        _JOB = None
+        torch.set_num_threads(threads)  # torch keeps the last count set as its default
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+    yield from map(job, range(split, count))
 
 
 def _raise_on_sigterm() -> Any:
@@ -116,25 +124,3 @@ def _raise_on_sigterm() -> Any:
         raise KeyboardInterrupt
 
     return signal.signal(signal.SIGTERM, interrupt)
-
-
-def _start() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _end_with_parent()
-    torch.set_num_threads(1)
-
-
-def _end_with_parent() -> None:
-    """Ask Linux to send this process SIGTERM when its parent dies (prctl PR_SET_PDEATHSIG)."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
-    except (OSError, AttributeError):  # not Linux: a parent killed outright leaves its workers
-        pass
-
-
-def _run(index: int) -> Any:
-    if _JOB is None:  # only a pool started by map_in_workers runs this
-        raise RuntimeError("no job: workers must be forked by map_in_workers")
-    return _JOB(index)
