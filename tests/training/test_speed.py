@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import platform
+
 import pytest
 import torch
 
 from qkv.compiled import allowed
 from qkv.errors import ConfigError
 from qkv.training.config import TrainConfig
-from qkv.training.speed import pick_device, set_up_process
+from qkv.training.speed import pick_device, set_up_process, tune_allocator
 
 
 def test_auto_and_cpu() -> None:
@@ -51,3 +53,8 @@ def test_set_up_process_applies_a_runs_threads_compiling_and_determinism() -> No
         set_up_process(TrainConfig(threads=threads))
     assert torch.get_num_threads() == threads and allowed()
     assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_the_allocator_is_tuned_where_glibc_is() -> None:
+    # Every setting (kept blocks, one arena) applied with glibc; elsewhere False, no error.
+    assert tune_allocator() is (platform.libc_ver()[0] == "glibc")

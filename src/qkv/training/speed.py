@@ -12,15 +12,19 @@ from qkv.compiled import allow
 from qkv.errors import ConfigError
 from qkv.training.config import TrainConfig
 
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
 
 
 def tune_allocator() -> bool:
-    """Ask glibc to keep freed large blocks instead of returning them to the kernel.
+    """Ask glibc to keep freed large blocks instead of returning them to the kernel, in one
+    pool for all threads.
 
     Activations are allocated and freed every step; by default glibc maps and unmaps large
-    blocks each time and the page faults cost a tenth of a CPU training step. Returns whether
-    the setting was applied (glibc only).
+    blocks each time and the page faults cost a tenth of a CPU training step. Kept blocks are
+    kept per arena, and glibc gives each new thread an arena of its own: decoding's worker
+    threads (`qkv.inference.workers`) would hold theirs apart from the caller's, and beam
+    search after greedy batches decoded two at a time peaked at 590 MB instead of 524.
+    Returns whether the setting was applied (glibc only).
     """
     name = ctypes.util.find_library("c")
     if name is None or os.name != "posix":
@@ -29,9 +33,10 @@ def tune_allocator() -> bool:
         libc = ctypes.CDLL(name)
         ok_mmap = libc.mallopt(_M_MMAP_THRESHOLD, 1 << 30)
         ok_trim = libc.mallopt(_M_TRIM_THRESHOLD, 1 << 31)
+        ok_arenas = libc.mallopt(_M_ARENA_MAX, 1)
     except (OSError, AttributeError):
         return False
-    return bool(ok_mmap and ok_trim)
+    return bool(ok_mmap and ok_trim and ok_arenas)
 
 
 def set_up_process(config: TrainConfig) -> None:
