@@ -51,7 +51,7 @@ def phase_workers(args: Any) -> dict[str, Any]:
     for system in systems.values():
         for_decoding(system, args)
         with torch.inference_mode(), decoding_autocast(system, args):
-            system.greedy(batches[0][:4], 3)  # warm-up, inherited by the workers
+            system.greedy(batches[0][:4], 3)  # warm-up; its decoding weights serve the workers
     for kind, run in kinds.items():
         seconds: dict[Way, list[float]] = {way: [] for way in ways}
         for repeat in range(args.decode_repeats):
