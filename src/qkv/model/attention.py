@@ -362,3 +362,11 @@ def short_attention(
     if dropout_p > 0:
         weights = F.dropout(weights, dropout_p)
     return torch.matmul(weights, v)  # (B, H, T, K)
+
+
+def scaled_dot_product_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropout_p: float = 0.0
+) -> tuple[Tensor, Tensor]:
+    """softmax(Q K^T / sqrt(K)) V: q (B, H, T, K), k, v (B, H, S, K) -> context (B, H, T, K)
+    and weights (B, H, T, S)."""
+    return eager_attention(q, k, v, mask, dropout_p)
