@@ -300,7 +300,7 @@ def test_frozen_ab_decodes_both_ways_and_puts_everything_back(
     from qkv.inference.output_layer import int8_matmuls_exact
     from qkv.model.attention import cached_attention
     from qkv.model.decoder import Decoder
-    from qkv.model.frozen_linear import FrozenLinear, frozen_copy
+    from qkv.fast.frozen_linear import FrozenLinear, frozen_copy
     from qkv.model.kv_cache import KVCache
 
     argv = ["--shape", "tiny", "--threads", "1", "--sentences", "8", "--infer-batch", "4"]
@@ -409,12 +409,12 @@ def test_train_ab_trains_both_ways_and_puts_everything_back(
     import train_ab
 
     import qkv.model.attention as attention
-    import qkv.model.dropout as dropout
-    import qkv.model.fused_ffn as fused_ffn
-    import qkv.model.grid as grid
-    import qkv.model.linear as linear
-    import qkv.model.packed_attention as packed_attention
-    import qkv.model.packing as packing
+    import qkv.fast.dropout as dropout
+    import qkv.fast.fused_ffn as fused_ffn
+    import qkv.fast.grid as grid
+    import qkv.fast.linear as linear
+    import qkv.fast.packed_attention as packed_attention
+    import qkv.fast.packing as packing
     from qkv.training import fused_loss
 
     def switches() -> tuple[object, ...]:
@@ -449,10 +449,10 @@ def test_step_parts_times_each_part_within_the_step_and_puts_everything_back(
     import qkv_side
     import step_parts
 
-    import qkv.model.dropout as dropout
-    import qkv.model.fused_ffn as fused_ffn
-    import qkv.model.linear as linear
-    import qkv.model.packed_attention as packed_attention
+    import qkv.fast.dropout as dropout
+    import qkv.fast.fused_ffn as fused_ffn
+    import qkv.fast.linear as linear
+    import qkv.fast.packed_attention as packed_attention
 
     def wrapped() -> tuple[object, ...]:
         return (
@@ -495,7 +495,7 @@ def test_step_parts_with_torch_softmax_keeps_the_compiled_loops_out_and_puts_the
 ) -> None:
     import step_parts
 
-    import qkv.model.short_softmax as short_softmax
+    import qkv.fast.short_softmax as short_softmax
 
     calls: list[str] = []
     for name in ("_forward_kernel", "_backward_kernel"):

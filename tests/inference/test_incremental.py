@@ -9,7 +9,7 @@ from qkv.data.special import EOS_ID
 from qkv.inference.beam import beam_search
 from qkv.inference.incremental import DecodingWeights, ModelDecoder
 from qkv.inference.search import greedy_search
-from qkv.model.frozen_linear import FrozenLinear
+from qkv.fast.frozen_linear import FrozenLinear
 from qkv.model.seq2seq import Seq2SeqTransformer
 from tests.model.helpers import random_ids, tiny_config
 

@@ -17,7 +17,7 @@ from qkv.inference.output_layer import (
     int8_matmuls_exact,
 )
 from qkv.inference.search import greedy_search
-from qkv.model.frozen_linear import cpu_bf16_matmuls
+from qkv.fast.frozen_linear import cpu_bf16_matmuls
 from qkv.model.seq2seq import Seq2SeqTransformer
 from tests.model.helpers import random_ids, tiny_config
 

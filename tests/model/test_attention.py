@@ -10,7 +10,7 @@ from qkv.model.attention import (
     short_attention,
 )
 from qkv.model.masks import padding_mask
-from qkv.model.packed_attention import SHORT
+from qkv.fast.packed_attention import SHORT
 
 
 def test_cross_attention_shapes_from_the_tutorial() -> None:

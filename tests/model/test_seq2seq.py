@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-import qkv.model.grid as grid
-from qkv.model.frozen_linear import FrozenLinear, frozen_copy
+import qkv.fast.grid as grid
+from qkv.fast.frozen_linear import FrozenLinear, frozen_copy
 from qkv.model.masks import decoder_self_mask, padding_mask
 from qkv.model.seq2seq import Seq2SeqTransformer
 from tests.model.helpers import random_ids, tiny_config

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from qkv.compiled import allow
+from qkv.fast.compiled import allow
 from qkv.training import fused_loss
 from qkv.training.losses import smoothed_cross_entropy
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from qkv.model.linear import Linear, padded_rows
+from qkv.fast.linear import Linear, padded_rows
 from qkv.training.losses import nonpad_logits, smoothed_cross_entropy
 
 PAD = 0

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from qkv import fast
 from qkv.data.batching import collate_texts, token_budget_batches
 from qkv.data.readers import is_blank, texts_list
 from qkv.data.tokenizer import Tokenizer
@@ -44,6 +45,7 @@ class Classifier:
         tokenizer = load_tokenizer(run_dir)
         model = TextClassifier(config.model)
         load_run_weights(model, run_dir)
+        fast.apply(model)
         return cls(model, tokenizer, data, pick_device(device))
 
     @torch.no_grad()

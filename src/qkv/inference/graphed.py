@@ -26,7 +26,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from qkv.graphs import record
+from qkv.fast.graphs import record
+from qkv.fast.static_cache import cross_keys_values, init_static_cache, static_step
 from qkv.inference.incremental import DecodingWeights, ModelDecoder
 from qkv.inference.search import IncrementalDecoder
 from qkv.model.seq2seq import Seq2SeqTransformer
@@ -57,7 +58,7 @@ class StaticDecoder:
         self.model = model
         self.source_shape = tuple(src_ids.shape)  # (B, S)
         memory, src_mask, _ = model.encode(src_ids)  # (B, S, D), (B, 1, 1, S)
-        self.cache = model.init_static_cache(memory, src_mask, max_steps, rows)
+        self.cache = init_static_cache(model, memory, src_mask, max_steps, rows)
         self.tokens = torch.zeros(rows, dtype=torch.long, device=src_ids.device)  # (R,)
         self.use_graph = src_ids.device.type == "cuda" if graph is None else graph
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -72,7 +73,7 @@ class StaticDecoder:
         """The fixed-shape step itself: next-token logits (R, V) in float32 of every row, fed
         `tokens` at `cache.position`. Nothing here waits for the device or moves the host's
         count, so it can be recorded into a larger graph (see `graphed_search.py`)."""
-        return self.model.decode_step(self.tokens, self.cache).float()  # (R, V)
+        return static_step(self.model, self.tokens, self.cache).float()  # (R, V)
 
     def step(self, tokens: Tensor) -> Tensor:
         """tokens (N,) -> next-token logits (N, V), in float32. With a graph, the first call
@@ -107,7 +108,7 @@ class StaticDecoder:
                 f"{self.source_shape}"
             )
         memory, src_mask, _ = self.model.encode(src_ids)  # (B, S, D), (B, 1, 1, S)
-        self.cache.load_sources(self.model.decoder.cross_keys_values(memory), src_mask)
+        self.cache.load_sources(cross_keys_values(self.model, memory), src_mask)
 
     def reorder(self, rows: Tensor) -> None:
         """`select` of exactly R rows at fixed cost, with no host work: every row of the

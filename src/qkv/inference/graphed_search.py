@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from qkv.data.special import BOS_ID, EOS_ID
-from qkv.graphs import record
+from qkv.fast.graphs import record
 from qkv.inference.beam import (
     Hypothesis,
     _gather_beams,

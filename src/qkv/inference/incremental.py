@@ -7,20 +7,14 @@ from collections.abc import Hashable, Sequence
 
 from torch import Tensor
 
+from qkv.fast.decoding import frozen_for_decoding
 from qkv.inference.output_layer import OutputLayer
-from qkv.model.frozen_linear import frozen_copy
 from qkv.model.seq2seq import Seq2SeqTransformer
 
 
 class DecodingWeights:
-    """A model whose decoder is frozen for decoding (`frozen_copy`: the linear layers of the
-    decoder layers; `OutputLayer`: its output layer), made once for the `ModelDecoder`s of
-    many batches. The rows of cross-attention's projection that make the source's keys and
-    values, once per batch, are left as they are (`MultiHeadAttention._project`).
-
-    The encoder is the model's own: it runs once per batch, over all of the batch's source
-    tokens at once, where its products are as fast without a reordered copy of its weights,
-    which would take memory besides (`benchmarks/frozen_ab.py --change encoder`).
+    """A model whose decoder is frozen for decoding (`frozen_for_decoding`; `OutputLayer`: its
+    output layer), made once for the `ModelDecoder`s of many batches.
 
     Reordering the weights costs about as much as one or two decoding steps; a batch of
     greedy decoding takes some fifty. They are made again when a weight of the model has
@@ -45,7 +39,7 @@ class DecodingWeights:
         with self._making:
             stamp = self._stamp()
             if self._made is None or self._made[0] != stamp:
-                model = frozen_copy(self.model, rows, keep=("encoder",))
+                model = frozen_for_decoding(self.model, rows)
                 self._made = stamp, model, OutputLayer(self.model.output, rows)
             return self._made[1], self._made[2]
 

@@ -1,4 +1,4 @@
-"""The output layer frozen for decoding: its logits, and their argmax screened in bf16 or int8.
+"""The output layer frozen for decoding: its logits, and their argmax screened in bf16.
 
 Greedy decoding needs only the index of each row's largest logit, l_v = h · w_v + b_v over
 the V rows w_v of the output weight. On a CPU with native bf16 matmuls (AVX512-BF16, AMX) the
@@ -14,36 +14,16 @@ So no token whose screened logit is more than 2 e(h) below the row's best screen
 be the float32 argmax. The others, the candidates (one to a few per row), get their float32
 logits computed one dot product each, and the largest wins: the first on ties, as `argmax`.
 
-Where the layer has no bias, d <= 1040 and this CPU's int8 products are exact (checked once,
-`int8_matmuls_exact`), the screen is an int8 product instead: twice as fast as the bf16 one on
-a Zen 4 (0.36 against 0.74 ms at 64 x 256 x 8,000, with its float32 copy), and its logits need
-no float32 copy. The weight is w_v = s ŵ_v + r_v with ŵ_v in int8 (one step s for the whole
-weight), a row h = t ĥ + q with ĥ in int8 (its own step t = max_i |h_i| / 127). Then
-
-    |l_v - t s ĥ·ŵ_v| = |h·r_v + q·(s ŵ_v)| <= ‖h‖ max_v ‖r_v‖ + ‖q‖ max_v ‖s ŵ_v‖,
-
-with ‖q‖ computed in float32 for each row (off by at most 3δ ‖h‖), and ĥ·ŵ_v, at most
-127² d < 2²⁴, exact in int32 and in float32. So rows are screened in those integers: no token
-whose ĥ·ŵ_v is more than twice the bound (and the float32 sums' 2dδ ‖h‖ max_v ‖w_v‖), over
-t s, below the row's largest can be the float32 argmax. The bound is wider than the bf16
-screen's (583 candidates against 281 for 64 layer-normed rows at d = 256, V = 8,000), and the
-screen a fifth faster all told; greedy decoding, 1.04–1.05× as fast
-(`benchmarks/frozen_ab.py --change int8-screen`).
-
 The result is the index `argmax` finds in the float32 logits, up to float32 rounding: a
 near-tie closer than ~1e-6 may go the other way, as it may between two float32 matmul kernels.
 A row whose screen finds no candidate (NaN or infinite states) falls back to the float32 logits,
 and so does a call whose rows have more than 64 candidates each on average (equal logits).
-The bf16 matmul reads subnormal numbers as 0, which the bound covers with a term of its own;
-the int8 screen takes rows whose largest element is at least 2⁻⁹⁰ and leaves the others (and
-weights as small) to the float32 logits.
+The bf16 matmul reads subnormal numbers as 0, which the bound covers with a term of its own.
 """
 
 from __future__ import annotations
 
 import copy
-import functools
-import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,8 +31,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from qkv.fast.frozen_linear import FrozenLinear, as_linear, cpu_bf16_matmuls
 from qkv.inference.search import _argmax
-from qkv.model.frozen_linear import FrozenLinear, as_linear, cpu_bf16_matmuls
 
 BLOCK = 64
 """Screened logits are searched in blocks of this many tokens: block maxima first, then only
@@ -61,16 +41,10 @@ MIN_VOCAB = 16 * BLOCK
 """Below this many tokens, the float32 logits are as fast."""
 MIN_ROWS = 24
 """Below this many rows, the screen's few dozen small operations cost more than the faster
-product saves (`benchmarks/screen_ab.py --calls`, 8,000 tokens, d_model 256, 2 threads: about
-0.6× the float32 logits' speed at 1 to 4 rows, 1.0× at 16, 1.1–1.2× at 32, 1.4× at 64)."""
-MAX_INT8_D = 1040
-"""The widest rows the int8 screen takes: 127² d stays below 2²⁴, where float32 holds every
-integer, so that its int32 products compare exactly with a float32 threshold."""
+product saves."""
 _U = 2.0**-8  # bf16 unit roundoff
 _DELTA = 2.0**-24  # float32 unit roundoff
 _SMALLEST_NORMAL = 2.0**-126  # of float32 and bf16
-_INT8_SMALLEST = 2.0**-90  # the smallest largest element of a row (or weight) the int8 screen takes
-_INT32_MIN = -(2**31)
 
 
 @dataclass
@@ -83,22 +57,11 @@ class _Screen:
     offset: float
 
 
-@dataclass
-class _QuantizedScreen:
-    """The int8 copy of the output weight and the constants of its bound, in steps t s of a
-    row's integer products: the margin of a row h = t ĥ + q is (`per_norm` ‖h‖ + `per_rest`
-    ‖q‖) / t."""
-
-    weight: Tensor  # (V', D) int8, the rows beyond V zero
-    per_norm: float
-    per_rest: float
-
-
 class OutputLayer:
     """The output layer frozen for decoding: `logits(x)`, and `argmax(x)` screened in bf16
     for float32 rows x (N, D) on the CPU.
 
-    The weight is reordered at the first call, and copied and rounded to bf16 or int8 at the
+    The weight is reordered at the first call, and copied and rounded to bf16 at the
     first `argmax` (a bf16 copy held reordered only, where it can be): make a new one after it
     changes.
 
@@ -110,9 +73,6 @@ class OutputLayer:
         screen: True screens float32 rows on the CPU, any number of them (tests); False
             never; None where it pays: on a CPU with native bf16 matmuls, V >= MIN_VOCAB,
             calls of MIN_ROWS rows or more.
-        quantize: how a screen is made: True in int8 where the layer allows it (no bias,
-            D <= MAX_INT8_D) and this CPU's int8 products are exact, else in bf16 (tests);
-            False in bf16; None in int8 where it applies.
 
     Raises:
         ValueError: if a `never` id is not in [0, V).
@@ -124,7 +84,6 @@ class OutputLayer:
         rows: int,
         never: Sequence[int] = (),
         screen: bool | None = None,
-        quantize: bool | None = None,
     ) -> None:
         self.exact = FrozenLinear(linear, rows)
         weight = linear.weight.detach()  # (V, D)
@@ -136,17 +95,9 @@ class OutputLayer:
         if screen is None:
             screen = on_cpu and self.vocab_size >= MIN_VOCAB and cpu_bf16_matmuls()
         self.screens = bool(screen) and on_cpu and _is_float32(weight)
-        # Asked of the CPU only for a screen that could be made in int8.
-        self.quantizes = (
-            self.screens
-            and quantize is not False
-            and self.bias is None
-            and self.d <= MAX_INT8_D
-            and int8_matmuls_exact()
-        )
         self.rows = rows
         # Made at the first `argmax`, by one thread at a time; shared by the copies.
-        self._screen: list[_Screen | _QuantizedScreen] = []
+        self._screen: list[_Screen] = []
         self._making = threading.Lock()
         self.candidates = 0  # tokens the last screened `argmax` settled in float32, all rows
 
@@ -164,20 +115,13 @@ class OutputLayer:
     def rounded(self) -> FrozenLinear | None:
         """The bf16 copy of the weight (V', D), once a screened `argmax` has made it."""
         screen = self._screen[0] if self._screen else None
-        return screen.rounded if isinstance(screen, _Screen) else None
+        return screen.rounded if screen is not None else None
 
-    @property
-    def quantized(self) -> Tensor | None:
-        """The int8 copy of the weight (V', D), once a screened `argmax` has made it."""
-        screen = self._screen[0] if self._screen else None
-        return screen.weight if isinstance(screen, _QuantizedScreen) else None
-
-    def _prepare_screen(self) -> _Screen | _QuantizedScreen:
+    def _prepare_screen(self) -> _Screen:
         with self._making:
             if not self._screen:
                 weight = self.exact.linear.weight.detach()  # (V, D) float32
-                made = self._quantized_screen(weight) if self.quantizes else None
-                self._screen.append(made or self._rounded_screen(weight))
+                self._screen.append(self._rounded_screen(weight))
         return self._screen[0]
 
     def _rounded_screen(self, weight: Tensor) -> _Screen:
@@ -198,33 +142,6 @@ class OutputLayer:
         offset = 2.02 * (5 * _DELTA * b_max + flushed * w_max) + 1e-30
         # The bf16 copy is the screen's own: once reordered, its plain layout is let go.
         return _Screen(FrozenLinear(as_linear(rounded), self.rows).reordered_only(), scale, offset)
-
-    def _quantized_screen(self, weight: Tensor) -> _QuantizedScreen | None:
-        """The int8 screen of the weight (V, D), or None for a weight too small for it."""
-        largest = float(weight.abs().max())
-        if not math.isfinite(largest) or largest < _INT8_SMALLEST:
-            return None
-        step = largest / 127  # s
-        blocks = -(-self.vocab_size // BLOCK)
-        quantized = weight.new_zeros(blocks * BLOCK, self.d, dtype=torch.int8)  # (V', D) ŵ
-        residual = kept = 0.0  # max ‖r_v‖, max ‖s ŵ_v‖
-        for start in range(0, self.vocab_size, NORM_CHUNK):  # no float64 copy of it all
-            rows = weight[start : start + NORM_CHUNK]  # (c, D)
-            steps = (rows / step).round_().clamp_(-127, 127)  # (c, D) integers in float32
-            quantized[start : start + len(rows)] = steps.to(torch.int8)
-            exact = steps.double() * step  # (c, D) s ŵ_v, exact in float64
-            residual = max(residual, float(torch.linalg.vector_norm(rows - exact, dim=1).max()))
-            kept = max(kept, float(torch.linalg.vector_norm(exact, dim=1).max()))
-        w_max = float(_norms(weight).max())
-        # Twice the bound, over s (a row's t divides at each call): ‖h‖ (max ‖r_v‖, the float32
-        # sums' 2dδ w_max, and 3δ max ‖s ŵ_v‖ for the rounding of ‖q‖) and ‖q‖ max ‖s ŵ_v‖.
-        # The 1 % to spare covers rounded norms and margins. The threshold's subtraction rounds
-        # to nearest, never past an integer below 2²⁴ (each exact in float32): no product
-        # within the margin is lost.
-        per_norm = 2.02 * (residual + 2 * self.d * _DELTA * w_max + 3 * _DELTA * kept)
-        per_norm *= (1 + 1e-6) / step
-        per_rest = 2.02 * kept * (1 + 1e-6) / step
-        return _QuantizedScreen(quantized, per_norm, per_rest)
 
     def argmax(self, x: Tensor) -> Tensor:
         """x (N, D) -> the index of each row's largest logit (N,) long."""
@@ -251,12 +168,8 @@ class OutputLayer:
         n, vocab_size = x.size(0), self.vocab_size
         screen = self._prepare_screen()
         with torch.no_grad():  # an argmax has no gradient; the bf16 copy may be reordered only
-            if isinstance(screen, _QuantizedScreen):
-                screened, margin = _int8_products(x, screen)  # (N, V') int32, (N,)
-                lowest: float = _INT32_MIN
-            else:
-                screened, margin = _bf16_logits(x, screen, self.bias)  # (N, V') float32, (N,)
-                lowest = float("-inf")
+            screened, margin = _bf16_logits(x, screen, self.bias)  # (N, V') float32, (N,)
+            lowest = float("-inf")
         if screened.size(1) > vocab_size:
             screened[:, vocab_size:] = lowest
         if self.never.numel() > 0:
@@ -291,40 +204,6 @@ def _bf16_logits(x: Tensor, screen: _Screen, bias: Tensor | None) -> tuple[Tenso
     if bias is not None:
         screened[:, : bias.numel()] += bias
     return screened, screen.scale * _norms(x) + screen.offset
-
-
-def _int8_products(x: Tensor, screen: _QuantizedScreen) -> tuple[Tensor, Tensor]:
-    """x (N, D) float32 -> the integer products ĥ·ŵ_v (N, V') int32, and each row's margin
-    (N,) in steps of them; NaN for rows whose largest element is below 2⁻⁹⁰ or not finite."""
-    largest = x.abs().amax(dim=1)  # (N,)
-    step = largest / 127  # (N,) t
-    steps = (x / step[:, None]).round_()  # (N, D) ĥ, integers in float32
-    products = torch._int_mm(steps.to(torch.int8), screen.weight.t())  # (N, V')
-    rest = _norms(steps.mul_(step[:, None]).sub_(x))  # (N,) ‖q‖ = ‖h - t ĥ‖ (float32 rounding)
-    margin = (screen.per_norm * _norms(x) + screen.per_rest * rest) / step  # (N,)
-    usable = (largest >= _INT8_SMALLEST) & largest.isfinite()  # (N,)
-    return products, margin.where(usable, torch.nan)
-
-
-@functools.cache
-def int8_matmuls_exact() -> bool:
-    """Whether this CPU's int8 products (`torch._int_mm`) sum exactly in int32, checked once on
-    the operands that overflow 16-bit partial sums (which some kernels saturate) and on random
-    ones. Where it is not, or the operator is missing, the screen is made in bf16."""
-    if not hasattr(torch, "_int_mm"):
-        return False
-    generator = torch.Generator().manual_seed(0)
-    random = torch.randint(-127, 128, (32, 512), dtype=torch.int8, generator=generator)
-    extreme = torch.full((32, 512), 127, dtype=torch.int8)
-    extreme[1::2] = -127
-    operands = [(extreme, extreme.t()), (extreme, random.t()), (random, random.t())]
-    try:
-        with torch.no_grad():
-            return all(
-                torch.equal(torch._int_mm(a, b).long(), a.long() @ b.long()) for a, b in operands
-            )
-    except RuntimeError:
-        return False
 
 
 def _token_ids(never: Sequence[int], vocab_size: int, device: torch.device) -> Tensor:

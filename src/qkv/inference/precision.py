@@ -18,7 +18,7 @@ import warnings
 import torch
 
 from qkv.errors import ConfigError
-from qkv.model.frozen_linear import cpu_bf16_matmuls
+from qkv.fast.frozen_linear import cpu_bf16_matmuls
 from qkv.model.seq2seq import Seq2SeqTransformer
 
 

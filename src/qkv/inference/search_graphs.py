@@ -17,7 +17,7 @@ from torch import Tensor
 
 from qkv.data.batching import pad_ids, round_up
 from qkv.data.special import BOS_ID, EOS_ID
-from qkv.graphs import on_side_stream
+from qkv.fast.graphs import on_side_stream
 from qkv.inference.beam import Hypothesis, check_beam_size
 from qkv.inference.graphed import StaticDecoder
 from qkv.inference.graphed_search import FixedBeams, FixedGreedy

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from qkv import fast
 from qkv.data.readers import is_blank, texts_list
 from qkv.data.tokenizer import Tokenizer
 from qkv.errors import CheckpointError
@@ -37,6 +38,7 @@ class Translator:
             )
         model = Seq2SeqTransformer(config.model)
         load_run_weights(model, run_dir)
+        fast.apply(model)
         return cls(model, tokenizer, pick_device(device))
 
     def encode(self, sentences: list[str]) -> list[list[int]]:

@@ -14,7 +14,7 @@ Masks are boolean with True = may attend (see `masks.py`).
 from qkv.model.attention import MultiHeadAttention
 from qkv.model.classifier import TextClassifier
 from qkv.model.config import ModelConfig
-from qkv.model.kv_cache import DecoderCache, KVCache
+from qkv.model.kv_cache import DecoderCache, KVCache, SourceKV
 from qkv.model.maps import AttentionMaps
 from qkv.model.seq2seq import Seq2SeqTransformer
 
@@ -25,5 +25,6 @@ __all__ = [
     "ModelConfig",
     "MultiHeadAttention",
     "Seq2SeqTransformer",
+    "SourceKV",
     "TextClassifier",
 ]

@@ -5,11 +5,9 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from qkv.model.config import ModelConfig
-from qkv.model.dropout import Dropout
 from qkv.model.embedding import check_ids, make_embeddings
 from qkv.model.encoder import Encoder
 from qkv.model.init import xavier_init
-from qkv.model.linear import Linear
 from qkv.model.maps import AttentionMaps
 from qkv.model.masks import padding_mask
 
@@ -26,8 +24,8 @@ class TextClassifier(nn.Module):
         self.encoder = Encoder(
             c, make_embeddings(c.vocab_size, c.d_model, c.pad_id, c.dropout, c.max_len, c.positions)
         )
-        self.dropout = Dropout(c.head_dropout)
-        self.head = Linear(c.d_model, c.n_classes)
+        self.dropout = nn.Dropout(c.head_dropout)
+        self.head = nn.Linear(c.d_model, c.n_classes)
         xavier_init(self, c.pad_id)
 
     def pool(self, states: Tensor, mask: Tensor) -> Tensor:

@@ -6,10 +6,9 @@ from torch import Tensor, nn
 
 from qkv.model.config import ModelConfig
 from qkv.model.embedding import Embeddings
-from qkv.model.kv_cache import DecoderCache, StaticDecoderCache
+from qkv.model.kv_cache import DecoderCache, KVCache, SourceKV
 from qkv.model.layers import DecoderLayer
 from qkv.model.masks import check_mask
-from qkv.model.packing import Packing
 
 
 class Decoder(nn.Module):
@@ -31,7 +30,7 @@ class Decoder(nn.Module):
             for _ in range(config.n_decoder_layers)
         )
         self.final_norm = nn.LayerNorm(config.d_model) if config.norm_first else nn.Identity()
-        self.pad_id = config.pad_id
+        self.n_heads, self.pad_id = config.n_heads, config.pad_id
 
     def forward(
         self,
@@ -40,7 +39,6 @@ class Decoder(nn.Module):
         self_mask: Tensor,
         cross_mask: Tensor,
         need_weights: bool = False,
-        packed: bool = True,
     ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         """Decode a whole target sequence at once (training, scoring).
 
@@ -50,17 +48,13 @@ class Decoder(nn.Module):
 
         Returns:
             states (B, T, D), self-attention maps (B, H, T, T) and cross maps (B, H, T, S)
-            per layer (empty unless `need_weights`). Packed and without weights, every layer
-            runs on the real tokens only (target and source) and the states are zero at
-            padding; otherwise on the padded batch (see `Encoder.forward`).
+            per layer (empty unless `need_weights`).
 
         Raises:
             TypeError: if a mask is not boolean.
         """
         check_mask(self_mask, "self_mask")
         check_mask(cross_mask, "cross_mask")
-        if packed and not need_weights:
-            return self._forward_packed(ids, memory, self_mask, cross_mask), [], []
         x = self.embeddings(ids)  # (B, T, D)
         self_maps: list[Tensor] = []
         cross_maps: list[Tensor] = []
@@ -71,53 +65,28 @@ class Decoder(nn.Module):
                 cross_maps.append(cross_weights)
         return self.final_norm(x), self_maps, cross_maps
 
-    def _forward_packed(
-        self, ids: Tensor, memory: Tensor, self_mask: Tensor, cross_mask: Tensor
-    ) -> Tensor:
-        """`forward` on the real tokens only -> states (B, T, D)."""
-        batch, source_length = memory.shape[:2]
-        on_cpu = ids.device.type == "cpu"  # rows rounded for the CPU's linear layers
-        rows = Packing.from_mask(ids != self.pad_id, round_rows=on_cpu)
-        source_real = cross_mask.expand(batch, 1, 1, source_length)[:, 0, 0]  # (B, S)
-        memory_rows = Packing.from_mask(source_real, round_rows=on_cpu)
-        memory = memory_rows.pack(memory)  # (M', D)
-        x = self.embeddings.forward_packed(ids, rows)  # (M, D)
+    def init_cache(self, memory: Tensor, src_mask: Tensor, max_len: int) -> DecoderCache:
+        """A cache for decoding up to `max_len` steps from memory (N, S, D): each layer's
+        cross-attention keys and values are computed here, once per source."""
+        rows, heads = memory.size(0), self.n_heads
+        head_dim = memory.size(2) // heads
+        self_attn, source = [], []
         for layer in self.layers:
-            x, _, _ = layer(x, memory, self_mask, cross_mask, rows=rows, memory_rows=memory_rows)
-        return rows.unpack(self.final_norm(x))  # (B, T, D)
+            keys, values = layer.cross_attn.project_kv(memory)  # (N, H, S, K) each
+            source.append(SourceKV(keys.contiguous(), values.contiguous()))
+            self_attn.append(KVCache(rows, heads, head_dim, max_len, memory.dtype, memory.device))
+        return DecoderCache(self_attn, source, src_mask)
 
-    def cross_keys_values(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
-        """Each layer's cross-attention keys and values (B, H, S, K), computed once per source.
-
-        Made contiguous here, once, so that every decoding step reads them as they lie.
-        """
-        pairs = [layer.cross_attn.project_kv(memory) for layer in self._layers()]
-        return [(k.contiguous(), v.contiguous()) for k, v in pairs]
-
-    def _layers(self) -> list[DecoderLayer]:
-        return [layer for layer in self.layers if isinstance(layer, DecoderLayer)]
-
-    def step(self, ids: Tensor, cache: DecoderCache | StaticDecoderCache) -> Tensor:
+    def step(self, ids: Tensor, cache: DecoderCache) -> Tensor:
         """Decode the next position of every row, reusing the cache.
 
         Args:
             ids: the newest token of each row (N, 1).
-            cache: a `DecoderCache`, or a `StaticDecoderCache` (fixed shapes, the position in
-                a tensor: nothing here depends on the step on the host).
 
         Returns:
-            states (N, 1, D); the cache grows by one position (a `StaticDecoderCache` is
-            advanced by its owner).
+            states (N, 1, D); the cache grows by one position.
         """
-        layers, cross = self._layers(), (cache.cross_keys, cache.cross_values)
-        if isinstance(cache, StaticDecoderCache):
-            x = self.embeddings.at(ids, cache.position)  # (R, 1, D)
-            self_mask = cache.self_mask()  # (1, 1, 1, T_max)
-            for layer, static, keys, values in zip(layers, cache.self_attn, *cross, strict=True):
-                x, _, _ = layer(x, (keys, values), self_mask, cache.src_mask, cache=static)
-            return self.final_norm(x)  # (R, 1, D)
         x = self.embeddings(ids, offset=cache.length)  # (N, 1, D)
-        bias, guard = cache.source_bias, cache.empty_sources
-        for layer, grown, keys, values in zip(layers, cache.self_attn, *cross, strict=True):
-            x = layer.step(x, grown, keys, values, bias, guard)  # (N, 1, D)
+        for layer, grown, source in zip(self.layers, cache.self_attn, cache.source, strict=True):
+            x, _, _ = layer(x, x, None, cache.src_mask, cache=(grown, source))  # (N, 1, D)
         return self.final_norm(x)  # (N, 1, D)

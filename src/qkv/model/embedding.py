@@ -7,9 +7,6 @@ import math
 import torch
 from torch import Tensor, nn
 
-from qkv.model.dropout import Dropout
-from qkv.model.packing import Packing
-
 
 class TokenEmbedding(nn.Module):
     """Lookup table whose vectors are multiplied by sqrt(D), as in the paper (section 3.4)."""
@@ -74,10 +71,6 @@ class SinusoidalPositions(nn.Module):
         """Positions offset .. offset+length-1 -> (length, D)."""
         return self.table[offset : offset + length]
 
-    def at(self, position: Tensor) -> Tensor:
-        """The position held in a tensor, (1,) long -> (1, D)."""
-        return self.table.index_select(0, position)
-
 
 class LearnedPositions(nn.Module):
     """One trained vector per position."""
@@ -89,10 +82,6 @@ class LearnedPositions(nn.Module):
     def forward(self, length: int, offset: int = 0) -> Tensor:
         """Positions offset .. offset+length-1 -> (length, D)."""
         return self.table.weight[offset : offset + length]
-
-    def at(self, position: Tensor) -> Tensor:
-        """The position held in a tensor, (1,) long -> (1, D)."""
-        return self.table.weight.index_select(0, position)
 
 
 class Embeddings(nn.Module):
@@ -108,7 +97,7 @@ class Embeddings(nn.Module):
         super().__init__()
         self.token = token
         self.positions = positions
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
         self.max_len = max_len
 
     def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
@@ -116,20 +105,6 @@ class Embeddings(nn.Module):
         length = ids.size(1)
         self._check_length(offset + length)
         return self.dropout(self.token(ids) + self.positions(length, offset))
-
-    def at(self, ids: Tensor, position: Tensor) -> Tensor:
-        """ids (B, 1) at the position held in a tensor, (1,) long -> (B, 1, D).
-
-        For decoding steps recorded once and replayed (CUDA graphs): nothing here reads the
-        position on the host, so the caller checks it against `max_len`.
-        """
-        return self.dropout(self.token(ids) + self.positions.at(position))
-
-    def forward_packed(self, ids: Tensor, rows: Packing) -> Tensor:
-        """The embedded real tokens only: ids (B, L) -> (M, D), placed by `rows`."""
-        self._check_length(ids.size(1))
-        tokens = self.token(rows.pack(ids))  # (M, D)
-        return self.dropout(tokens + self.positions(ids.size(1))[rows.positions])  # (M, D)
 
     def _check_length(self, length: int) -> None:
         if length > self.max_len:

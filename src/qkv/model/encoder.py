@@ -8,7 +8,6 @@ from qkv.model.config import ModelConfig
 from qkv.model.embedding import Embeddings
 from qkv.model.layers import EncoderLayer
 from qkv.model.masks import check_mask
-from qkv.model.packing import Packing
 
 
 class Encoder(nn.Module):
@@ -33,24 +32,15 @@ class Encoder(nn.Module):
         self.pad_id = config.pad_id
 
     def forward(
-        self, ids: Tensor, mask: Tensor, need_weights: bool = False, packed: bool = True
+        self, ids: Tensor, mask: Tensor, need_weights: bool = False
     ) -> tuple[Tensor, list[Tensor]]:
-        """ids (B, S), mask (B, 1, 1, S) -> memory (B, S, D) and per-layer (B, H, S, S) weights.
-
-        Packed and without weights, every layer runs on the real tokens only and the memory is
-        zero at padding; otherwise on the padded batch, at shapes that depend on (B, S) alone
-        (what a CUDA graph needs), and the memory at padding is left as computed.
+        """ids (B, S), mask (B, 1, 1, S) -> memory (B, S, D) and per-layer (B, H, S, S) weights
+        (empty unless `need_weights`).
 
         Raises:
             TypeError: if `mask` is not boolean.
         """
         check_mask(mask)
-        if packed and not need_weights:
-            rows = Packing.from_mask(ids != self.pad_id, round_rows=ids.device.type == "cpu")
-            x = self.embeddings.forward_packed(ids, rows)  # (M, D)
-            for layer in self.layers:
-                x, _ = layer(x, mask, rows=rows)
-            return rows.unpack(self.final_norm(x)), []  # (B, S, D)
         x = self.embeddings(ids)  # (B, S, D)
         maps: list[Tensor] = []
         for layer in self.layers:

@@ -3,15 +3,11 @@
 Decoder self-attention keys/values live in a preallocated `KVCache` per layer that grows by one
 step at a time, so the prefix is never recomputed. Cross-attention keys/values depend only on the
 source, so they are computed once per source and kept in the `DecoderCache`.
-
-`StaticDecoderCache` holds the same things in tensors whose shapes never change from one step to
-the next, the step position included, so that a whole decoding step can be recorded once as a
-CUDA graph and replayed (see `qkv.inference.graphed`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 import torch
@@ -31,10 +27,8 @@ class KVCache:
     The buffers are step-major, (T_max, N, H, K): a step's keys for all rows lie side by side,
     so that an append writes one block, and the steps filled so far are one dense block, which
     the batched products over the cache read with no gaps. `keys` and `values` are
-    (N, H, T_max, K) views of them, whose N and H merge without a copy. Against row-major
-    (N, H, T_max, K) buffers, whose rows hold T_max steps however few are filled, decoding of
-    the benchmark was 1.04× as fast greedy, 1.09× beam-5 (`benchmarks/frozen_ab.py --change
-    step-major`; beam search's rows moved whole there). Beam search's reordering copies only
+    (N, H, T_max, K) views of them, whose N and H merge without a copy. Beam search's
+    reordering copies only
     the steps that a row's new place does not hold already (`changed_steps`), each step of a
     row one (H · K) block.
 
@@ -148,6 +142,18 @@ def changed_steps(rows: Tensor, held: Tensor, length: int, rows_held: int) -> Ch
 
 
 @dataclass
+class SourceKV:
+    """Cross-attention keys and values of one decoder layer, computed once per source.
+
+    Attributes:
+        keys, values: (G, H, S, K) each, one entry per source (see `DecoderCache`).
+    """
+
+    keys: Tensor
+    values: Tensor
+
+
+@dataclass
 class DecoderCache:
     """Everything a decoder needs between steps.
 
@@ -158,27 +164,15 @@ class DecoderCache:
 
     Attributes:
         self_attn: one KVCache per decoder layer, N rows.
-        cross_keys, cross_values: one (G, H, S, K) tensor per decoder layer.
+        source: one SourceKV per decoder layer, G entries.
         src_mask: (G, 1, 1, S) bool, True = real source token.
         group_size: N / G, 1 when each row has its own entry (as at the start).
-        empty_sources: whether a source had no real token at all (read once, here).
     """
 
     self_attn: list[KVCache]
-    cross_keys: list[Tensor]
-    cross_values: list[Tensor]
+    source: list[SourceKV]
     src_mask: Tensor
     group_size: int = 1
-    empty_sources: bool = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        mask = self.src_mask  # (G, 1, 1, S)
-        heads = self.cross_keys[0].size(1) if self.cross_keys else 1
-        dtype = self.cross_keys[0].dtype if self.cross_keys else torch.float32
-        # `src_mask` as `source_bias` reads it, made once and moved with it by `select`.
-        self._bias = mask.new_zeros(mask.size(0), heads, 1, mask.size(3), dtype=dtype)
-        self._bias.masked_fill_(~mask, float("-inf"))  # (G, H, 1, S)
-        self.empty_sources = not bool(mask.any(dim=-1).all())
 
     @property
     def length(self) -> int:
@@ -189,21 +183,13 @@ class DecoderCache:
     def rows(self) -> int:
         return self.src_mask.size(0) * self.group_size
 
-    @property
-    def source_bias(self) -> Tensor:
-        """(G * H, 1, S), the source mask as cross-attention adds it to its scores: 0 at real
-        source tokens, -inf at padding."""
-        return self._bias.flatten(0, 1)
-
     def select(self, rows: Tensor, held: Tensor | None = None) -> None:
         """Keep and reorder rows: new row i = old row rows[i] (beam reordering and expansion,
         dropping finished sentences).
 
         `held` (N',) long, where given: the leading steps that place i already holds equal to
         those of old row rows[i] (a beam's siblings share most of their past). Only the steps
-        from there on are copied (`changed_steps`, worked out once for all layers): beam-5
-        decoding of the benchmark copied 23 % of the steps that whole rows hold (counted in a
-        scratch run), and was 1.09× as fast (`benchmarks/frozen_ab.py --change held`).
+        from there on are copied (`changed_steps`, worked out once for all layers).
         """
         steps: ChangedSteps | None = None
         first = self.self_attn[0] if self.self_attn else None
@@ -218,28 +204,20 @@ class DecoderCache:
             groups, group_size = entries, 1
         self.group_size = group_size
         count, entries_before = groups.numel(), self.src_mask.size(0)
-        if count <= entries_before and not self.cross_keys[0].requires_grad:
+        tensors = [t for kv in self.source for t in (kv.keys, kv.values)]
+        if count <= entries_before and not tensors[0].requires_grad:
             # As many entries or fewer (finished sentences dropped): moved in place, and
             # nothing at all when every group reads the entry it read before.
-            move_rows([*self.cross_keys, *self.cross_values, self.src_mask, self._bias], groups)
-            if count < entries_before:
-                self.cross_keys = [k[:count] for k in self.cross_keys]  # (G', H, S, K)
-                self.cross_values = [v[:count] for v in self.cross_values]  # (G', H, S, K)
-                self.src_mask = self.src_mask[:count]  # (G', 1, 1, S)
-                self._bias = self._bias[:count]  # (G', H, 1, S)
-            return
-        if torch.equal(groups, torch.arange(entries_before, device=groups.device)):
-            return  # every group reads the entry it read before (beams reordered in place)
-        self.cross_keys = [k[groups] for k in self.cross_keys]  # (G', H, S, K)
-        self.cross_values = [v[groups] for v in self.cross_values]  # (G', H, S, K)
-        self.src_mask = self.src_mask[groups]  # (G', 1, 1, S)
-        self._bias = self._bias[groups]  # (G', H, 1, S)
+            move_rows([*tensors, self.src_mask], groups)
+            self._keep(slice(0, count))
+        elif not torch.equal(groups, torch.arange(entries_before, device=groups.device)):
+            self._keep(groups)
 
-
-def first_sources(batch: int, rows: int, device: torch.device) -> Tensor:
-    """(R,) long, the source of each row of a fresh fixed-shape cache: row i < B decodes source
-    i, the rows beyond hold copies of source 0 until `select` fills them."""
-    return torch.cat([torch.arange(batch), torch.zeros(rows - batch, dtype=torch.long)]).to(device)
+    def _keep(self, entries: Tensor | slice) -> None:
+        """Keep the cross-attention entries `entries` (an index or a leading slice)."""
+        for kv in self.source:
+            kv.keys, kv.values = kv.keys[entries], kv.values[entries]  # (G', H, S, K)
+        self.src_mask = self.src_mask[entries]  # (G', 1, 1, S)
 
 
 def move_rows(tensors: list[Tensor], rows: Tensor) -> None:
@@ -253,116 +231,3 @@ def move_rows(tensors: list[Tensor], rows: Tensor) -> None:
     sources = rows[moved]  # (C,) gathered first: a source may also be a destination
     for tensor in tensors:
         tensor.index_copy_(0, moved, tensor.index_select(0, sources))
-
-
-class StaticKVCache:
-    """Keys and values of one self-attention layer at fixed shapes: every step reads all T_max.
-
-    The step writes its keys and values at `position`, a tensor, and attends to the whole
-    buffer under the mask of `StaticDecoderCache.self_mask`; the buffers start at zero so that
-    the positions not yet written hold finite numbers (their weights are exactly zero).
-
-    Args:
-        rows: R, the most rows decoded together.
-        n_heads, head_dim: H and K.
-        max_len: T_max, the most steps.
-        position: (1,) long, the step being decoded, shared by all layers.
-    """
-
-    def __init__(
-        self,
-        rows: int,
-        n_heads: int,
-        head_dim: int,
-        max_len: int,
-        position: Tensor,
-        dtype: torch.dtype = torch.float32,
-    ) -> None:
-        shape = (rows, n_heads, max_len, head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=position.device)  # (R, H, T_max, K)
-        self.values = torch.zeros(shape, dtype=dtype, device=position.device)  # (R, H, T_max, K)
-        self.position = position
-
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store the step's keys/values (R, H, 1, K) at `position`; return all (R, H, T_max, K)."""
-        self.keys.index_copy_(2, self.position, k.to(self.keys.dtype))
-        self.values.index_copy_(2, self.position, v.to(self.values.dtype))
-        return self.keys, self.values
-
-
-@dataclass
-class StaticDecoderCache:
-    """Everything a decoding step reads, at shapes fixed for the whole batch.
-
-    R rows, each with its own entry of the cross-attention tensors (a row of the W beams of a
-    sentence holds a copy of the sentence's). Rows beyond those in use hold stale numbers and
-    are computed for nothing; `select` moves rows as `DecoderCache.select` does.
-
-    Attributes:
-        self_attn: one StaticKVCache per decoder layer.
-        cross_keys, cross_values: one (R, H, S, K) tensor per decoder layer.
-        src_mask: (R, 1, 1, S) bool, True = real source token.
-        position: (1,) long, the step being decoded (0 for the first token fed).
-        length: the number of steps decoded so far, as a Python int (the host's count).
-    """
-
-    self_attn: list[StaticKVCache]
-    cross_keys: list[Tensor]
-    cross_values: list[Tensor]
-    src_mask: Tensor
-    position: Tensor
-    length: int = 0
-    steps: Tensor = field(init=False, repr=False)  # (T_max,) 0, 1, ..., made once
-
-    def __post_init__(self) -> None:
-        self.steps = torch.arange(self.capacity, device=self.position.device)
-
-    @property
-    def capacity(self) -> int:
-        return self.self_attn[0].keys.size(2)
-
-    @property
-    def rows(self) -> int:
-        return self.src_mask.size(0)
-
-    def self_mask(self) -> Tensor:
-        """(1, 1, 1, T_max) bool: the positions written so far, this step's included."""
-        return (self.steps <= self.position).view(1, 1, 1, -1)
-
-    def select(self, rows: Tensor) -> None:
-        """Keep and reorder rows: new row i = old row rows[i] (rows (N',) long, N' <= R)."""
-        if rows.numel() > self.rows:
-            raise RuntimeError(f"{rows.numel()} rows asked of a cache made for {self.rows}")
-        filled = [
-            buffer[:, :, : self.length]
-            for cache in self.self_attn
-            for buffer in (cache.keys, cache.values)
-        ]  # (R, H, length, K) each
-        move_rows([*filled, *self.cross_keys, *self.cross_values, self.src_mask], rows)
-
-    def load_sources(self, cross: list[tuple[Tensor, Tensor]], src_mask: Tensor) -> None:
-        """Put new sources in place of the old, in the same buffers (a recorded graph still
-        reads them), rows as `Seq2SeqTransformer.init_static_cache` lays them out.
-
-        Args:
-            cross: each layer's cross-attention keys and values (B, H, S, K), the B and S
-                of the old sources.
-            src_mask: (B, 1, 1, S) bool, True = real source token.
-        """
-        fill = first_sources(src_mask.size(0), self.rows, src_mask.device)  # (R,)
-        for keys, values, (k, v) in zip(self.cross_keys, self.cross_values, cross, strict=True):
-            keys.copy_(k[fill])  # (R, H, S, K)
-            values.copy_(v[fill])  # (R, H, S, K)
-        self.src_mask.copy_(src_mask[fill])  # (R, 1, 1, S)
-        self.length = 0
-
-    def gather_self_attention(self, rows: Tensor) -> None:
-        """Reorder the self-attention rows: new row i = old row rows[i] (rows (R,) long).
-
-        Every row and position is gathered, so the work and the shapes never change and no
-        count is read on the host (a step recorded as a CUDA graph can do it). The
-        cross-attention tensors are left as they are: each row must keep its source.
-        """
-        for cache in self.self_attn:
-            cache.keys.copy_(cache.keys.index_select(0, rows))  # (R, H, T_max, K)
-            cache.values.copy_(cache.values.index_select(0, rows))  # (R, H, T_max, K)

@@ -10,14 +10,7 @@ from qkv.model.decoder import Decoder
 from qkv.model.embedding import TokenEmbedding, check_ids, make_embeddings
 from qkv.model.encoder import Encoder
 from qkv.model.init import xavier_init
-from qkv.model.kv_cache import (
-    DecoderCache,
-    KVCache,
-    StaticDecoderCache,
-    StaticKVCache,
-    first_sources,
-)
-from qkv.model.linear import Linear
+from qkv.model.kv_cache import DecoderCache
 from qkv.model.maps import AttentionMaps
 from qkv.model.masks import decoder_self_mask, padding_mask
 
@@ -56,40 +49,32 @@ class Seq2SeqTransformer(nn.Module):
                 tgt_token,
             ),
         )
-        self.output = Linear(c.d_model, c.target_vocab_size, bias=False)
+        self.output = nn.Linear(c.d_model, c.target_vocab_size, bias=False)
         xavier_init(self, c.pad_id)
         if tie:
             self.output.weight = tgt_token.table.weight
 
     def encode(
-        self, src_ids: Tensor, need_weights: bool = False, packed: bool = True
+        self, src_ids: Tensor, need_weights: bool = False
     ) -> tuple[Tensor, Tensor, list[Tensor]]:
-        """src_ids (B, S) -> memory (B, S, D), source mask (B, 1, 1, S), encoder maps.
-
-        `packed` (the default) runs the layers on the real tokens only; False runs them on
-        the padded batch (see `Encoder.forward`)."""
+        """src_ids (B, S) -> memory (B, S, D), source mask (B, 1, 1, S), encoder maps."""
         check_ids(src_ids, self.config.vocab_size, "source ids")
         src_mask = padding_mask(src_ids, self.config.pad_id)  # (B, 1, 1, S)
-        memory, maps = self.encoder(src_ids, src_mask, need_weights, packed)  # (B, S, D)
+        memory, maps = self.encoder(src_ids, src_mask, need_weights)  # (B, S, D)
         return memory, src_mask, maps
 
-    def decode(
-        self, tgt_ids: Tensor, memory: Tensor, src_mask: Tensor, packed: bool = True
-    ) -> Tensor:
+    def decode(self, tgt_ids: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
         """tgt_ids (B, T), memory (B, S, D) -> decoder states (B, T, D)."""
         self._check_targets(tgt_ids, memory)
         self_mask = decoder_self_mask(tgt_ids, self.config.pad_id)  # (B, 1, T, T)
-        states, _, _ = self.decoder(tgt_ids, memory, self_mask, src_mask, packed=packed)
+        states, _, _ = self.decoder(tgt_ids, memory, self_mask, src_mask)
         return states
 
-    def hidden(self, src_ids: Tensor, tgt_ids: Tensor, packed: bool = True) -> Tensor:
-        """Decoder states (B, T, D) before the output projection (the loss projects only
-        non-pad rows, which saves the largest matmul on padding).
-
-        `packed` False keeps every shape a function of the batch's shape, with no host sync:
-        what a training step recorded as a CUDA graph needs (`qkv.training.graphed`)."""
-        memory, src_mask, _ = self.encode(src_ids, packed=packed)
-        return self.decode(tgt_ids, memory, src_mask, packed)
+    def hidden(self, src_ids: Tensor, tgt_ids: Tensor) -> Tensor:
+        """Decoder states (B, T, D) before the output projection (a loss can project only
+        the non-pad rows, which saves the largest matmul on padding)."""
+        memory, src_mask, _ = self.encode(src_ids)
+        return self.decode(tgt_ids, memory, src_mask)
 
     def forward(self, src_ids: Tensor, tgt_ids: Tensor) -> Tensor:
         """src_ids (B, S), tgt_ids (B, T) (BOS-prefixed) -> next-token logits (B, T, V)."""
@@ -114,49 +99,11 @@ class Seq2SeqTransformer(nn.Module):
             )
 
     def init_cache(self, memory: Tensor, src_mask: Tensor, max_len: int) -> DecoderCache:
-        """A cache for decoding up to `max_len` steps from memory (N, S, D); cross-attention
-        keys and values are computed here, once per source."""
-        c = self.config
-        head_dim = c.d_model // c.n_heads
-        cross = self.decoder.cross_keys_values(memory)
-        self_attn = [
-            KVCache(memory.size(0), c.n_heads, head_dim, max_len, memory.dtype, memory.device)
-            for _ in self.decoder.layers
-        ]
-        return DecoderCache(self_attn, [k for k, _ in cross], [v for _, v in cross], src_mask)
+        """A cache for decoding up to `max_len` steps from memory (N, S, D)."""
+        return self.decoder.init_cache(memory, src_mask, max_len)
 
-    def init_static_cache(
-        self, memory: Tensor, src_mask: Tensor, max_len: int, rows: int
-    ) -> StaticDecoderCache:
-        """A fixed-shape cache for `rows` rows (>= B) decoding up to `max_len` steps from memory
-        (B, S, D): row i < B decodes source i, the rows beyond hold copies of source 0 until
-        `select` fills them."""
-        c = self.config
-        batch = memory.size(0)
-        if rows < batch:
-            raise ValueError(f"a static cache needs rows >= batch, got {rows} < {batch}")
-        if max_len > c.max_len:
-            raise ValueError(f"{max_len} decoding steps exceed the model's max_len ({c.max_len})")
-        fill = first_sources(batch, rows, memory.device)  # (R,) the source of each row
-        position = torch.zeros(1, dtype=torch.long, device=memory.device)  # (1,)
-        cross = self.decoder.cross_keys_values(memory)  # (B, H, S, K) each
-        head_dim = c.d_model // c.n_heads
-        return StaticDecoderCache(
-            self_attn=[
-                StaticKVCache(rows, c.n_heads, head_dim, max_len, position, memory.dtype)
-                for _ in self.decoder.layers
-            ],
-            cross_keys=[k[fill] for k, _ in cross],  # (R, H, S, K)
-            cross_values=[v[fill] for _, v in cross],  # (R, H, S, K)
-            src_mask=src_mask[fill],  # (R, 1, 1, S)
-            position=position,
-        )
-
-    def decode_step(self, tokens: Tensor, cache: DecoderCache | StaticDecoderCache) -> Tensor:
-        """tokens (N,), the newest of each row -> next-token logits (N, V).
-
-        `ModelDecoder` steps the same way through a copy of the decoder frozen for decoding.
-        """
+    def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
+        """tokens (N,), the newest of each row -> next-token logits (N, V)."""
         states = self.decoder.step(tokens[:, None], cache)[:, 0]  # (N, D)
         return self.output(states)  # (N, V)
 

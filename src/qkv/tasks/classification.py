@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from qkv import fast
 from qkv.data.batching import collate_texts, token_budget_batches, truncate
 from qkv.data.cache import check_same_data, load_id_lists, save_id_lists, text_digest
 from qkv.data.readers import read_labelled
@@ -310,6 +311,7 @@ def train_classification(
     random.seed(train_config.seed)
     torch.manual_seed(train_config.seed)
     model = build_model(TextClassifier, model_config)  # before the run is saved
+    fast.apply(model)
     if not resume:
         RunConfig("classification", model_config, train_config, asdict(data)).save(run_dir)
     elif isinstance(resume, RunConfig):

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from qkv import fast
 from qkv.data.batching import (
     PairBatch,
     bucket_inputs,
@@ -242,6 +243,7 @@ def train_translation(
     random.seed(train_config.seed)
     torch.manual_seed(train_config.seed)
     model = build_model(Seq2SeqTransformer, model_config)  # before the run is saved
+    fast.apply(model)
     if not resume:
         RunConfig("translation", model_config, train_config, asdict(data)).save(run_dir)
     elif isinstance(resume, RunConfig):

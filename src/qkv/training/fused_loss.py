@@ -16,7 +16,7 @@ zeros, the two gradients added and the log-softmax's backward. Here `torch.compi
 Compiling takes a few seconds once per process (less once inductor's cache on disk has the
 kernels), so this applies only where it pays (`applies`): on the CPU, in float32, when the
 logits need a gradient, and for at least `MIN_ELEMENTS` logits; and where torch.compile works
-(`qkv.compiled`). Elsewhere `F.cross_entropy` does the work. Each backward loop is compiled
+(`qkv.fast.compiled`). Elsewhere `F.cross_entropy` does the work. Each backward loop is compiled
 at its first use only (training overwrites, so it never compiles the other).
 """
 
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from qkv.compiled import allowed, compiled
+from qkv.fast.compiled import allowed, compiled
 
 MIN_ELEMENTS = 1 << 22  # logits in a step below which the eager loss is cheaper than compiling
 
@@ -98,7 +98,7 @@ class _FusedLoss(torch.autograd.Function):
 def _example() -> tuple[Tensor, Tensor, Tensor]:
     """Logits (64, 2048), labels (64,) and their log-sum-exp (64, 1) to compile on: big enough
     that inductor spreads the loops over the cores (it decides from the first sizes it sees).
-    Drawn from a generator of their own, not the training run's (see `qkv.compiled`)."""
+    Drawn from a generator of their own, not the training run's (see `qkv.fast.compiled`)."""
     generator = torch.Generator().manual_seed(0)
     logits = torch.randn(64, 2048, generator=generator)  # (M, V)
     labels = torch.randint(0, 2048, (64,), generator=generator)  # (M,)

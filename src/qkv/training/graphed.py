@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from qkv.graphs import record
+from qkv.fast.graphs import record
 
 Inputs = dict[str, Tensor]
 LossFn = Callable[[Inputs], tuple[Tensor, Tensor]]  # -> summed loss, number of targets

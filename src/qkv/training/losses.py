@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from qkv.model.packing import Packing
+from qkv.fast.packing import Packing
 from qkv.model.seq2seq import Seq2SeqTransformer
 from qkv.training import fused_loss
 
@@ -18,7 +18,7 @@ def nonpad_logits(
     The output projection is the largest matmul of a step; skipping padded rows saves it
     where it would be wasted. On the CPU the M real rows are rounded up to `padded_rows(M)`
     (`Packing`'s filler rows, copies of the first real state), labelled `pad_id`: oneDNN's
-    linear layers take that many rows (`qkv.model.linear`), and the gradient of the logits
+    linear layers take that many rows (`qkv.fast.linear`), and the gradient of the logits
     then needs no widened copy.
 
     Args:
@@ -72,7 +72,7 @@ def bucket_loss(
     Args:
         inputs: src (B, S), tgt_in (B, T), rows (K,) and labels (K,) on the model's device.
     """
-    states = model.hidden(inputs["src"], inputs["tgt_in"], packed=False)  # (B, T, D)
+    states = model.hidden(inputs["src"], inputs["tgt_in"])  # (B, T, D)
     picked = states.flatten(0, 1).index_select(0, inputs["rows"])  # (K, D)
     labels = inputs["labels"]  # (K,)
     loss = smoothed_cross_entropy(model.output(picked), labels, smoothing, ignore_index=pad_id)

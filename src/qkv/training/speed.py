@@ -8,8 +8,8 @@ import os
 
 import torch
 
-from qkv.compiled import allow
 from qkv.errors import ConfigError
+from qkv.fast.compiled import allow
 from qkv.training.config import TrainConfig
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8

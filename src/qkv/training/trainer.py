@@ -17,6 +17,7 @@ from typing import Any, TextIO
 import torch
 from tqdm import tqdm
 
+from qkv import fast
 from qkv.errors import CheckpointError, ConfigError, QkvError
 from qkv.fits import typed_section
 from qkv.training import checkpoint as ckpt
@@ -374,6 +375,7 @@ class Trainer:
             return None
         if self.graphed is None:
             dtype = torch.bfloat16 if c.bf16 else None
+            fast.apply(self.model, packed=False)  # fixed shapes, no host sync
             self.graphed = GraphedStep(
                 self.model, self.optimizer, self.task.padded_loss, max_norm, dtype
             )

@@ -1,4 +1,4 @@
-"""`qkv.compiled`: a function compiled for any sizes, or None (with a warning) where it fails."""
+"""`qkv.fast.compiled`: a function compiled for any sizes, or None (with a warning) where it fails."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import Tensor
 
-import qkv.compiled
-from qkv.compiled import allow, allowed, compiled
+import qkv.fast.compiled
+from qkv.fast.compiled import allow, allowed, compiled
 
 
 def _scaled_sum(x: Tensor, scale: float) -> Tensor:
@@ -42,7 +42,7 @@ def test_where_compiling_fails_it_warns_once_and_gives_none(
 
         return call
 
-    monkeypatch.setattr(qkv.compiled.torch, "compile", broken)
+    monkeypatch.setattr(qkv.fast.compiled.torch, "compile", broken)
     with pytest.warns(UserWarning, match=r"_scaled_sum is not compiled \(RuntimeError: no work"):
         assert compiled(_scaled_sum, torch.randn(6, 10), 2.0) is None
 
@@ -69,7 +69,7 @@ def test_tensors_that_need_gradients_are_run_detached_without_compiling_again(
 
         return compile_for_real(fn, backend=backend, **kwargs)
 
-    monkeypatch.setattr(qkv.compiled.torch, "compile", counting)
+    monkeypatch.setattr(qkv.fast.compiled.torch, "compile", counting)
     kernel = compiled(_scaled_sum, torch.randn(6, 10), 2.0)
     assert kernel is not None and compiles == [1]
     x = torch.randn(5, 9, requires_grad=True)
@@ -93,7 +93,7 @@ def _counting_wrapper(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
         return call
 
-    monkeypatch.setattr(qkv.compiled.torch, "compile", counting)
+    monkeypatch.setattr(qkv.fast.compiled.torch, "compile", counting)
     return calls
 
 
@@ -128,7 +128,7 @@ def test_inputs_whose_guards_fail_go_through_torch_compile_and_are_right(
 
 def test_direct_calls_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = _counting_wrapper(monkeypatch)
-    monkeypatch.setattr(qkv.compiled, "DIRECT", False)
+    monkeypatch.setattr(qkv.fast.compiled, "DIRECT", False)
     kernel = compiled(_scaled_sum, torch.randn(6, 10), 2.0)
     assert kernel is not None
     x = torch.randn(3, 7)
@@ -166,14 +166,14 @@ def test_compiling_leaves_the_global_random_state_as_it_was() -> None:
 @pytest.mark.parametrize(
     "builder",
     [
-        "qkv.model.short_softmax:_forward_kernel",
-        "qkv.model.short_softmax:_backward_kernel",
+        "qkv.fast.short_softmax:_forward_kernel",
+        "qkv.fast.short_softmax:_backward_kernel",
         "qkv.training.fused_loss:_forward_kernel",
         "qkv.training.fused_loss:_grad_kernel",
         "qkv.training.fused_loss:_in_place_kernel",
-        "qkv.model.dropout:_hashed_kernel",
-        "qkv.model.fused_ffn:_mask_kernel",
-        "qkv.model.linear:_transpose_kernel",
+        "qkv.fast.dropout:_hashed_kernel",
+        "qkv.fast.fused_ffn:_mask_kernel",
+        "qkv.fast.linear:_transpose_kernel",
     ],
 )
 def test_the_packages_kernels_compile_without_drawing_from_the_global_generator(

@@ -7,7 +7,7 @@ as (M, D) rows. Attention alone needs the padded (B, L, ...) layout; `unpack` pu
 back in place for it and `pack` takes them out again.
 
 On a CPU the rows are rounded up to the counts that qkv's linear layers multiply
-(`qkv.model.linear.padded_rows`): M' >= M rows, the last M' - M copies of the first real
+(`qkv.fast.linear.padded_rows`): M' >= M rows, the last M' - M copies of the first real
 token. No real row ever reads them (`unpack` leaves them out), so their gradients are zero,
 and no linear layer has to copy its rows into a longer matrix, forward or backward.
 """
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from qkv.model.linear import padded_rows
+from qkv.fast.linear import padded_rows
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class Packing:
         length: L.
         count: M, the real tokens.
         derived: what is computed from these once per batch and kept for its every layer
-            (attention's grouped layouts, `qkv.model.grid`).
+            (attention's grouped layouts, `qkv.fast.grid`).
     """
 
     index: Tensor

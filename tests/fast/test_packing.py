@@ -2,7 +2,7 @@ import torch
 
 from qkv.model.attention import MultiHeadAttention
 from qkv.model.masks import decoder_self_mask, padding_mask
-from qkv.model.packing import Packing
+from qkv.fast.packing import Packing
 
 
 def test_pack_then_unpack_keeps_real_tokens_and_zeroes_padding() -> None:

@@ -1,11 +1,11 @@
 import pytest
 import torch
 
-import qkv.model.grid as grid
+import qkv.fast.grid as grid
 from qkv.model.attention import short_attention
 from qkv.model.masks import decoder_self_mask, padding_mask
-from qkv.model.packed_attention import packed_attention, packed_attention_applies
-from qkv.model.packing import Packing
+from qkv.fast.packed_attention import packed_attention, packed_attention_applies
+from qkv.fast.packing import Packing
 
 HEADS, WIDTH = 4, 32
 
@@ -142,7 +142,7 @@ def test_where_it_applies(
 def test_the_groups_masks_are_made_once_for_the_layers_of_a_batch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import qkv.model.packed_attention as module
+    import qkv.fast.packed_attention as module
 
     made = []
     group_mask = module._group_mask

@@ -22,7 +22,7 @@ from typing import TypeVar, cast
 import torch
 from torch import Tensor
 
-from qkv.model.packing import Packing
+from qkv.fast.packing import Packing
 
 GROUP_COST = 2048  # a group's fixed cost, in score entries (B · T · S) it must save
 MAX_GROUPS = 8

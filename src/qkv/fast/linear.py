@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from qkv.compiled import allowed, compiled
+from qkv.fast.compiled import allowed, compiled
 
 
 class Linear(nn.Linear):
@@ -120,7 +120,7 @@ def transposed(rows: Tensor) -> Tensor:
 
     Eager torch copies a transposed view element by element, about a third as fast as the loop
     inductor tiles for it (0.23 against 0.07 ms at 2,048 rows of 256); the compiled loop is
-    taken where compiled loops are allowed and work (`qkv.compiled`).
+    taken where compiled loops are allowed and work (`qkv.fast.compiled`).
     """
     kernel = _transpose_kernel_for(rows)
     if kernel is None:
@@ -141,7 +141,7 @@ def _transpose(rows: Tensor) -> Tensor:
 
 @functools.cache
 def _transpose_kernel() -> Callable[..., Any] | None:
-    """`_transpose` compiled for any sizes (see `qkv.compiled`), or None where it cannot be."""
+    """`_transpose` compiled for any sizes (see `qkv.fast.compiled`), or None where it cannot be."""
     return compiled(_transpose, torch.zeros(1032, 384))
 
 

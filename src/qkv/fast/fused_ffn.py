@@ -6,7 +6,7 @@ ReLU's, the product), and both the ReLU's output and the dropout's are kept for 
 Here:
 
 - forward: oneDNN applies the ReLU to the product as it writes it (a post-op), and the hashed
-  dropout (`qkv.model.dropout`) makes one pass over the result;
+  dropout (`qkv.fast.dropout`) makes one pass over the result;
 - backward: the gradient of the product is grad * where(out > 0, scale, 0), one pass over the
   kept output alone. An element is kept and positive exactly where the output is positive
   (a kept element is the ReLU's output times scale > 1; a dropped one is 0, as is the ReLU's
@@ -17,8 +17,7 @@ The masks are those of `Dropout` from the same draws (one seed per call, from to
 generator), and the numbers those of the three layers up to float rounding (tested).
 It applies where both halves would go their fast way (`applies`): a CPU, float32, oneDNN,
 hidden rows of at least `HASHED_MIN` elements and compiled loops allowed; elsewhere the
-caller runs the three layers as they are. Both halves are looked up in their modules at
-each call, so that switching one off there (`benchmarks/train_ab.py`) switches this off too.
+caller runs the three layers as they are.
 """
 
 from __future__ import annotations
@@ -28,11 +27,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from qkv.compiled import compiled
-from qkv.model import dropout as hashed
-from qkv.model import linear as onednn
+from qkv.fast import dropout as hashed
+from qkv.fast import linear as onednn
+from qkv.fast.compiled import compiled
+from qkv.model.layers import FeedForward
 
 
 def applies(x: Tensor, weight: Tensor, bias: Tensor | None, p: float) -> bool:
@@ -98,6 +98,17 @@ def relu_dropout_grad(grad: Tensor, out: Tensor, scale: float) -> Tensor:
 
 @functools.cache
 def _mask_kernel() -> Callable[..., Any] | None:
-    """`relu_dropout_grad` compiled (see `qkv.compiled`), or None where it cannot be."""
+    """`relu_dropout_grad` compiled (see `qkv.fast.compiled`), or None where it cannot be."""
     grad, out = (torch.zeros(hashed.HASHED_MIN // 1024, 1024) for _ in range(2))
     return compiled(relu_dropout_grad, grad, out, 1.0)
+
+
+class FusedFeedForward(FeedForward):
+    """`FeedForward` whose first half is `linear_relu_dropout` in training, where it applies."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        first, p = self.linear1, self.dropout.p
+        relu = isinstance(self.activation, nn.ReLU)
+        if self.training and relu and applies(x, first.weight, first.bias, p):
+            return self.linear2(linear_relu_dropout(x, first.weight, first.bias, p))  # (..., D)
+        return super().forward(x)

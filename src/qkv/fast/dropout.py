@@ -6,7 +6,7 @@ drop probability is p rounded to a multiple of 1/65536 and the kept values are s
 exact inverse of the keep probability, so the expected output equals the input, as with
 `nn.Dropout`. The words come from one of two places:
 
-- On the CPU, for at least `HASHED_MIN` elements, where torch.compile works (`qkv.compiled`):
+- On the CPU, for at least `HASHED_MIN` elements, where torch.compile works (`qkv.fast.compiled`):
   word j of a call is SplitMix64's output at position j of a stream that starts at a seed drawn
   from torch's generator. Being a function of (seed, j), it is computed inside one compiled
   loop that also multiplies, on every core, and the backward computes the same mask again from
@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from qkv.compiled import allowed, compiled
+from qkv.fast.compiled import allowed, compiled
 
 _LEVELS = 1 << 16  # values of a 16-bit slice
 HASHED_MIN = 1 << 18  # elements from which the CPU's masks are hashed in a compiled loop

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from qkv.compiled import allow
-from qkv.model.dropout import (
+from qkv.fast.compiled import allow
+from qkv.fast.dropout import (
     HASHED_MIN,
     Dropout,
     _hashed_applies,

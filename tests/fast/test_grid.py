@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-import qkv.model.grid as grid
-from qkv.model.grid import cut, grouping, layout, sentence_extents
-from qkv.model.packing import Packing
+import qkv.fast.grid as grid
+from qkv.fast.grid import cut, grouping, layout, sentence_extents
+from qkv.fast.packing import Packing
 
 
 def test_sentences_of_one_length_make_one_group() -> None:

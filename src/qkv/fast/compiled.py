@@ -1,7 +1,7 @@
 """Small functions compiled by `torch.compile` (inductor), where eager torch is slow on the CPU.
 
 Some passes over memory run faster as one generated C++ loop than as several eager operations:
-dropout with its masks hashed in the loop (`qkv.model.dropout`) and the label-smoothed loss
+dropout with its masks hashed in the loop (`qkv.fast.dropout`) and the label-smoothed loss
 (`qkv.training.fused_loss`) of a CPU training step. Such a function is compiled once per
 process, for inputs of any size (dynamic shapes), and first run on an example. Where
 torch.compile cannot work here (no C++ compiler, for one), `compiled` warns once and the caller

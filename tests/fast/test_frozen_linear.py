@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from qkv.model.frozen_linear import FrozenLinear, frozen_copy
-from qkv.model.linear import Linear
+from qkv.fast.frozen_linear import FrozenLinear, frozen_copy
+from qkv.fast.linear import Linear
 from qkv.model.seq2seq import Seq2SeqTransformer
 from tests.model.helpers import random_ids, tiny_config
 

@@ -1,18 +1,18 @@
 """Attention from packed rows to packed rows, its backward written out, for short sentences.
 
-`MultiHeadAttention.forward_packed` keeps a batch as its real tokens, (M, D) rows, and
+The packed path (`qkv.fast.packed`) keeps a batch as its real tokens, (M, D) rows, and
 attention alone needs a padded layout. Through autograd, that costs a scatter into
 (B, L, 3D), a copy of each of q, k and v into head-major order, a copy of the context back, a
 gather of the rows, and the mirror of each in the backward, with a concatenation of the three
 gradients. Here the rows go into a grid in one scatter and come back in one gather, forward
 and backward. The grid holds the sentences sorted by length in groups, each padded only to
-its own longest (`qkv.model.grid`), heads before sentences, so that each group is one batch
+its own longest (`qkv.fast.grid`), heads before sentences, so that each group is one batch
 of products with no permutation copied. The scale and the mask go inside the first product
 (`baddbmm`); the backward is the softmax's and four batched products, whose results are
 written straight into the gradient's grid.
 
 It serves CPU float32 sentences of up to `SHORT` tokens without attention dropout, where the
-unfused products are the faster ones (see `short_attention`); elsewhere `forward_packed`
+unfused products are the faster ones; elsewhere `qkv.fast.packed`
 keeps autograd's path. The numbers are those of that path (tested, forward and backward).
 """
 
@@ -24,9 +24,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from qkv.model.grid import Layout, derived, grouping, layout
-from qkv.model.packing import Packing
-from qkv.model.short_softmax import softmax, softmax_backward
+from qkv.fast.grid import Layout, derived, grouping, layout
+from qkv.fast.packing import Packing
 
 # Up to this many queries and keys, the unfused product is the faster one on a CPU.
 SHORT = 128
@@ -159,7 +158,7 @@ class _PackedAttention(torch.autograd.Function):
         for g, (bias, has_keys) in enumerate(masks):
             q, k, v = _group(grids, query_layout, key_layout, g, heads)  # (H · B_g, ·, K)
             scores = torch.baddbmm(bias, q, k.transpose(1, 2), alpha=scale)  # (HB_g, T_g, S_g)
-            weights_g = softmax(scores, training)  # (HB_g, T_g, S_g)
+            weights_g = torch.softmax(scores, dim=-1)  # (HB_g, T_g, S_g)
             if has_keys is not None:
                 weights_g.mul_(has_keys)  # zeros, and zero gradients, where no key may be attended
             torch.bmm(weights_g, v, out=query_layout.block(context, g, 1, heads)[0])
@@ -182,7 +181,7 @@ class _PackedAttention(torch.autograd.Function):
             grad_context_g = query_layout.block(grad_context, g, 1, heads)[0]  # (HB_g, T_g, K)
             torch.bmm(weights_g.transpose(1, 2), grad_context_g, out=grad_v)  # (HB_g, S_g, K)
             grad_weights = torch.bmm(grad_context_g, v.transpose(1, 2))  # (HB_g, T_g, S_g)
-            grad_scores = softmax_backward(grad_weights, weights_g, scale)  # (HB_g, T_g, S_g)
+            grad_scores = _softmax_grad(grad_weights, weights_g, scale)  # (HB_g, T_g, S_g)
             torch.bmm(grad_scores, k, out=grad_q)  # (HB_g, T_g, K)
             torch.bmm(grad_scores.transpose(1, 2), q, out=grad_k)  # (HB_g, S_g, K)
         if n_grids == 1:
@@ -233,3 +232,9 @@ def _from_grid(grid: Tensor, layout: Layout, n_rows: int, parts: int) -> Tensor:
     torch.index_select(grid, 0, layout.index(parts), out=out[:count].view(-1, grid.size(1)))
     out[count:] = 0.0
     return out
+
+
+def _softmax_grad(grad: Tensor, weights: Tensor, scale: float) -> Tensor:
+    """The gradient of softmax's input, times `scale`, from its output's `grad` and its output
+    `weights` (..., S): scale · weights ⊙ (grad − Σ_s grad ⊙ weights)."""
+    return weights * (grad - (grad * weights).sum(-1, keepdim=True)) * scale

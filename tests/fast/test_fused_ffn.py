@@ -3,9 +3,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qkv.compiled import allow
-from qkv.model import fused_ffn
-from qkv.model.dropout import HASHED_MIN
+from qkv.fast.compiled import allow
+from qkv.fast import fused_ffn
+from qkv.fast.dropout import HASHED_MIN
 from qkv.model.layers import FeedForward
 
 D, F = 32, 1024

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qkv import compiled
-from qkv.model.linear import (
+from qkv.fast import compiled
+from qkv.fast.linear import (
     STEPS_PER_DOUBLING,
     WIDE,
     Linear,

@@ -2,7 +2,7 @@
 
 Decoding multiplies the same weights by a few dozen or hundred rows at every step. oneDNN can
 reorder a weight once into its blocked layout, which its matmul then streams faster than the
-row-major one (`qkv.model.linear`, and faster still than the BLAS behind `F.linear`). This is
+row-major one (`qkv.fast.linear`, and faster still than the BLAS behind `F.linear`). This is
 what `torch.compile` does to frozen CPU linears; the two operators are called here directly,
 eagerly. For the decoder (`frozen_copy`: the linear layers of the decoder layers, beside the
 output layer) greedy decoding of the benchmark model was 1.08–1.19× as fast, beam-5 1.05–1.10×
@@ -22,7 +22,7 @@ from typing import TypeVar
 import torch
 from torch import Tensor, nn
 
-from qkv.model.linear import linear
+from qkv.fast.linear import linear
 
 _Module = TypeVar("_Module", bound=nn.Module)
 

@@ -1,0 +1,100 @@
+"""A model's decoder made fast for decoding steps on a CPU, its parameters shared.
+
+`frozen_for_decoding` copies the module tree of a translation model's decoder (the parameters
+are shared, not copied) and in the copy:
+
+- every linear layer is a `FrozenLinear`, its weight reordered once for oneDNN, and the
+  feed-forward network's ReLU applied by oneDNN as it writes the product (`StepFeedForward`);
+- attention over the cache is two batched products with the source mask added by the first
+  (`StepAttention`): at one query per row the fused kernel costs more than it saves, and
+  `baddbmm` reads the cached keys and values in place.
+
+The encoder is the model's own: it runs once per batch, over all of the batch's source tokens,
+where its products are as fast without a reordered copy. The numbers are the reference's up to
+float rounding (tested: the same token ids).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from qkv.fast.frozen_linear import FrozenLinear, frozen_copy
+from qkv.model.attention import MultiHeadAttention
+from qkv.model.layers import FeedForward
+from qkv.model.seq2seq import Seq2SeqTransformer
+
+
+class StepAttention(MultiHeadAttention):
+    """`MultiHeadAttention` whose attention is two batched products, for decoding steps."""
+
+    _biases: dict[int, tuple[Tensor, Tensor, bool]]
+
+    def project(self, x: Tensor, first: int, last: int) -> Tensor:
+        if first == 0 and isinstance(self.in_proj, FrozenLinear):  # queries, at every step
+            return self.in_proj.part(0, last * self.d_model)(x)
+        return super().project(x, first, last)
+
+    def attend_heads(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, need_weights: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        if need_weights or self.training or (mask is not None and mask.size(-2) > 1):
+            return super().attend_heads(q, k, v, mask, need_weights)
+        batch, heads, length, head_dim = q.shape
+        n_keys = k.size(2)
+        queries = q.reshape(batch * heads, length, head_dim)  # (B * H, T, K)
+        keys = k.reshape(batch * heads, n_keys, head_dim).transpose(1, 2)  # (B * H, K, S)
+        scale = 1.0 / math.sqrt(head_dim)
+        if mask is None:
+            scores = torch.baddbmm(q.new_zeros(()), queries, keys, beta=0.0, alpha=scale)
+            guard = False
+        else:
+            bias, guard = self._bias(mask, heads, q.dtype)  # (B * H, 1, S)
+            scores = torch.baddbmm(bias, queries, keys, alpha=scale)  # (B * H, T, S)
+        weights = torch.softmax(scores, dim=-1)  # (B * H, T, S)
+        if guard:  # a source with no real token: zeros, as the reference gives
+            weights = weights.nan_to_num(0.0)
+        context = torch.bmm(weights, v.reshape(batch * heads, n_keys, head_dim))  # (B*H, T, K)
+        merged = self.merge_heads(context.view(batch, heads, length, head_dim))  # (B, T, D)
+        return self.out_proj(merged), None
+
+    def _bias(self, mask: Tensor, heads: int, dtype: torch.dtype) -> tuple[Tensor, bool]:
+        """The mask (B, 1, 1, S) as scores' bias (B * H, 1, S): 0 or -inf, made once per mask
+        (a few at a time: batches decoded side by side in threads each have their own)."""
+        made = self._biases.get(id(mask))
+        if made is None or made[0] is not mask:
+            bias = torch.zeros(mask.size(0), heads, 1, mask.size(-1), dtype=dtype)
+            bias = bias.to(mask.device).masked_fill_(~mask, float("-inf")).flatten(0, 1)
+            made = mask, bias, not bool(mask.any(dim=-1).all())
+            if len(self._biases) >= 8:
+                self._biases.clear()
+            self._biases[id(mask)] = made
+        return made[1], made[2]
+
+
+class StepFeedForward(FeedForward):
+    """`FeedForward` whose ReLU oneDNN applies as it writes the first product."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if isinstance(self.linear1, FrozenLinear) and isinstance(self.activation, torch.nn.ReLU):
+            return self.linear2(self.dropout(self.linear1(x, relu=True)))  # (..., D)
+        return super().forward(x)
+
+
+def frozen_for_decoding(model: Seq2SeqTransformer, rows: int) -> Seq2SeqTransformer:
+    """A copy of `model` for decoding steps (parameters shared, see the module docstring).
+
+    Args:
+        model: the translation model, in eval mode.
+        rows: the usual number of rows per step (a hint for the weights' layout).
+    """
+    twin = frozen_copy(model, rows, keep=("encoder", "output"))
+    for module in twin.decoder.modules():
+        if isinstance(module, MultiHeadAttention):
+            module.__class__ = StepAttention
+            module._biases = {}
+        elif isinstance(module, FeedForward):
+            module.__class__ = StepFeedForward
+    return twin
