@@ -1,22 +1,29 @@
-"""Speed of qkv against existing PyTorch encoder-decoder Transformers, on this machine's CPU.
+"""Speed of qkv against existing PyTorch encoder-decoder Transformers, like for like.
 
     python benchmarks/bench.py --json bench.json --md bench.md \\
-        [--peers torch_nn,hf_marian,xtransformers] [--threads 2] [--quick]
+        [--peers torch_nn,hf_marian,xtransformers,xtransformers_flash] [--threads 2] \\
+        [--baseline ../old-checkout [--baseline-label OLD]] [--quick]
 
 Every system has the same shape (d_model 256, 4 heads, d_ff 1024, 3 + 3 layers, dropout 0.1,
-separate 8,000-token vocabularies) and sees the same synthetic Multi30k-shaped data. Each
-measurement runs in a fresh worker process with `--threads` torch threads: the matmul peak,
-each system's training, each system's decoding in `--decode-rounds` rounds (`decode_in_rounds`;
-qkv decodes as `qkv translate` does, `--threads` batches at once in worker threads of one torch
-thread each), then qkv interleaved step by step (decoding: batch by batch, one at a time) with the
-fastest peer (decoding: with Hugging Face), qkv and Hugging Face decoding both ways, one batch at
-a time and in `--threads` worker threads (qkv's `--workers`), and a profile of qkv's training
-step. Peers that are not installed are skipped with a note.
+attention dropout 0.0, separate 8,000-token vocabularies), trains on the identical batches
+and decodes the same sources. Each measurement runs in a fresh worker process with `--threads`
+torch threads, the same environment and glibc's allocator tuned alike (`tune_allocator`): the
+matmul peak, each system's training, each system's decoding in `--decode-rounds` rounds
+(`decode_in_rounds`), then qkv interleaved step by step with the fastest peer, and pass by pass
+with Hugging Face's `generate` (`phases.phase_pair`). Greedy decoding's headline gives every
+system `--split` batches at once, each in a worker thread (what `qkv translate` does on a
+CPU); one batch at a time, as the peers ship, is measured beside it.
+
+`--baseline TREE` adds the qkv of another source tree as one more system, built by that tree's
+own `benchmarks/qkv_side.py` with `TREE/src` first on its workers' PYTHONPATH; the report gives
+this tree's figures over the baseline's. Peers that are not installed are skipped with a note.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import json
 import os
 import platform
@@ -28,18 +35,44 @@ import time
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)  # the source tree whose qkv is "qkv"
 sys.path.insert(0, HERE)
 
 import report  # noqa: E402
 from peers import PEERS, available  # noqa: E402
 
 BEST_PROBE = {"gflops": 0.0}  # the best 1024^3 probe of this run: what an idle core gives
-# The decoding targets name Hugging Face's `generate`, the one peer with beam search too.
+# The decoding comparisons name Hugging Face's `generate`, the one peer with beam search too.
 TARGET_PEER = "hf_marian"
+QKV = "qkv"
+
+# glibc's mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
+ALLOCATOR = "glibc mallopt: mmap threshold 1 GiB, trim threshold 2 GiB, one arena"
+
+
+def tune_allocator() -> bool:
+    """glibc's allocator as qkv's trainer and `qkv translate` set it up for themselves, here in
+    every worker process, whichever system it measures: freed large blocks are kept instead of
+    returned to the kernel, in one arena for all threads. Returns whether glibc took it."""
+    name = ctypes.util.find_library("c")
+    if name is None or os.name != "posix":
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        done = [
+            libc.mallopt(_M_MMAP_THRESHOLD, 1 << 30),
+            libc.mallopt(_M_TRIM_THRESHOLD, 1 << 31),
+            libc.mallopt(_M_ARENA_MAX, 1),
+        ]
+    except (OSError, AttributeError):
+        return False
+    return all(done)
 
 
 def run_phase(phase: str, args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
-    """Run one measurement in a fresh process (in this one with --inline) and time it.
+    """Run one measurement in a fresh process (in this one with --inline, except a baseline's)
+    and time it.
 
     Before it, wait (up to --quiet-wait s) for other processes to leave the CPUs idle. Run it
     again (up to --retries times) when its matmul probe fell below 0.75 x the best probe: another
@@ -47,16 +80,17 @@ def run_phase(phase: str, args: argparse.Namespace, **extra: Any) -> dict[str, A
     """
     job = dict(vars(args), phase=phase, **extra)
     label = ":".join(str(x) for x in (phase, *extra.values()))
+    inline = args.inline and tree_of(job) in (None, ROOT)
     contended_runs = []
     for attempt in range(args.retries + 1):
         waited = wait_for_quiet(args, label)
         before = machine_load(args.load_interval)
         start = time.perf_counter()
-        result = run_job(job) if args.inline else run_subprocess(job, label)
+        result = run_job(job) if inline else run_subprocess(job, label)
         result["wall_s"] = time.perf_counter() - start
         result["load_before"], result["load_after"] = before, machine_load(args.load_interval)
         result["waited_for_quiet_s"] = waited
-        probes = result.get("probe_gflops") or [BEST_PROBE["gflops"]]  # a profile has none
+        probes = result.get("probe_gflops") or [BEST_PROBE["gflops"]]
         BEST_PROBE["gflops"] = max(BEST_PROBE["gflops"], *probes)
         # A GPU's probe is too short to time reliably, and the GPU is not shared: no re-runs.
         result["contended"] = args.device == "cpu" and min(probes) < 0.75 * BEST_PROBE["gflops"]
@@ -71,6 +105,14 @@ def run_phase(phase: str, args: argparse.Namespace, **extra: Any) -> dict[str, A
         contended_runs.append({"probe_gflops": probes, "wall_s": result["wall_s"]})
     result["contended_runs"] = contended_runs
     return result
+
+
+def tree_of(job: dict[str, Any]) -> str | None:
+    """The source tree whose qkv a phase imports (None: no qkv)."""
+    trees = job.get("qkv_trees") or {}
+    if job["phase"] == "pair":
+        return trees.get(QKV)
+    return trees.get(job.get("system", ""))
 
 
 def wait_for_quiet(args: argparse.Namespace, label: str) -> float:
@@ -91,10 +133,8 @@ def wait_for_quiet(args: argparse.Namespace, label: str) -> float:
     return waited
 
 
-def run_subprocess(job: dict[str, Any], label: str) -> dict[str, Any]:
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
-        json.dump(job, handle)
-        job_path = handle.name
+def worker_env(job: dict[str, Any]) -> dict[str, str]:
+    """The same environment for every worker; a qkv tree's `src` first on PYTHONPATH."""
     threads = str(job["threads"])
     env = dict(
         os.environ,
@@ -105,9 +145,20 @@ def run_subprocess(job: dict[str, Any], label: str) -> dict[str, Any]:
         TRANSFORMERS_OFFLINE="1",
         TRANSFORMERS_VERBOSITY="error",
     )
+    tree = tree_of(job)
+    if tree is not None:
+        paths = [os.path.join(tree, "src"), env.get("PYTHONPATH", "")]
+        env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    return env
+
+
+def run_subprocess(job: dict[str, Any], label: str) -> dict[str, Any]:
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
+        json.dump(job, handle)
+        job_path = handle.name
     done = subprocess.run(
         [sys.executable, os.path.abspath(__file__), "--worker", job_path],
-        env=env,
+        env=worker_env(job),
         capture_output=True,
         text=True,
         check=False,
@@ -118,7 +169,7 @@ def run_subprocess(job: dict[str, Any], label: str) -> dict[str, Any]:
             print(f"[{label}] failed (rc {done.returncode})\n{tail}", file=sys.stderr)
             return {"error": f"rc={done.returncode}", "stderr_tail": tail}
         with open(job_path + ".out") as handle:
-            return json.load(handle)
+            return json.load(handle)  # type: ignore[no-any-return]
     finally:
         for path in (job_path, job_path + ".out"):
             if os.path.exists(path):
@@ -126,25 +177,25 @@ def run_subprocess(job: dict[str, Any], label: str) -> dict[str, Any]:
 
 
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
+    """One phase, in this process: the allocator tuned, then `--threads` torch threads."""
+    tuned = tune_allocator()
     import torch
     from phases import phase_decode, phase_pair, phase_peak, phase_train
-    from profile_step import phase_profile
-    from workers_phase import phase_workers
 
     measure = {
         "peak": phase_peak,
         "train": phase_train,
         "decode": phase_decode,
         "pair": phase_pair,
-        "profile": phase_profile,
-        "workers": phase_workers,
     }
     threads = torch.get_num_threads()
     torch.set_num_threads(job["threads"])
     try:
-        return measure[job["phase"]](argparse.Namespace(**job))
+        result = measure[job["phase"]](argparse.Namespace(**job))
     finally:
         torch.set_num_threads(threads)
+    result["allocator_tuned"] = tuned
+    return result
 
 
 def machine_load(interval: float) -> dict[str, float]:
@@ -186,12 +237,15 @@ def main_run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "command": " ".join(["python benchmarks/bench.py", *argv]),
         "args": vars(args),
         "versions": versions(),
+        "trees": {name: tree_info(path) for name, path in args.qkv_trees.items()},
+        "baselines": [s for s in args.qkv_trees if s != QKV],
+        "allocator": ALLOCATOR,
         "load_start": machine_load(2 * args.load_interval),
         "skipped_peers": [p for p in wanted if p not in peers],
         "systems": {},
     }
     results["peak"] = run_phase("peak", args)
-    systems = ["qkv", *peers]
+    systems = [*args.qkv_trees, *peers]
     train = {} if args.no_train else {s: run_phase("train", args, system=s) for s in systems}
     decode = {} if args.no_decode else decode_in_rounds(args, systems)
     for s in systems:
@@ -204,11 +258,6 @@ def main_run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     if decode_peer and not args.no_decode and not args.no_pair:
         pairs.append(run_phase("pair", args, peer=decode_peer, pair_part="decode"))
     results["pairs"] = pairs
-    split = args.device == "cpu" and args.threads > 1 and not args.no_workers
-    if decode_peer and not args.no_decode and split:
-        results["workers"] = run_phase("workers", args, peer=decode_peer)
-    if not args.no_profile and args.device == "cpu":  # CPU op profiles and wall-clock parts
-        results["profile"] = run_phase("profile", args, system="qkv")
     results["load_end"] = machine_load(2 * args.load_interval)
     results["total_wall_s"] = time.perf_counter() - started
     return results
@@ -217,12 +266,13 @@ def main_run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
 def decode_in_rounds(args: argparse.Namespace, systems: list[str]) -> dict[str, dict[str, Any]]:
     """Each system's decoding phase `--decode-rounds` times, in a fresh process each time.
 
-    The systems take turns, qkv and `TARGET_PEER` side by side, in reverse order every other
-    round: a slow stretch of the host, which lasts minutes, then falls on every system alike,
-    where one phase each would leave it on whichever ran in it. The rounds of a system are
-    merged by `merge_rounds`.
+    The systems take turns, the qkv ones and `TARGET_PEER` side by side, in reverse order every
+    other round: a slow stretch of the host, which lasts minutes, then falls on every system
+    alike, where one phase each would leave it on whichever ran in it. The rounds of a system
+    are merged by `merge_rounds`.
     """
-    order = sorted(systems, key=lambda s: (s != "qkv", s != TARGET_PEER))  # stable
+    trees = args.qkv_trees
+    order = sorted(systems, key=lambda s: (s not in trees, s != TARGET_PEER))  # stable
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
     for index in range(args.decode_rounds):
         for system in order if index % 2 == 0 else order[::-1]:
@@ -234,24 +284,34 @@ PEAK_MEMORY = ("peak_rss_mb", "peak_rss_mb_greedy", "peak_device_mb", "peak_devi
 
 
 def merge_rounds(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """One system's decoding phases (one a round) -> one result: each speed from the median of
-    every timed pass of every round, with each round's own speed beside it ("rounds"); the
-    highest peak memory of any round; contended when any round was. A failed round is the
-    result."""
+    """One system's decoding phases (one a round) -> one result: each way's speed from the
+    median of every timed pass of every round, with each round's own speed beside it
+    ("rounds"); the highest peak memory of any round; contended when any round was. A failed
+    round is the result."""
     failed = [r for r in runs if "error" in r]
     if failed:
         return failed[0]
     first, sentences = runs[0], runs[0]["sentences"]
     merged = dict(first, rounds=len(runs), load_after=runs[-1].get("load_after"))
     for kind in ("greedy", "beam"):
-        if kind in first:
-            seconds = [x for r in runs for x in r[kind]["seconds"]]
-            merged[kind] = dict(
-                first[kind],
+        if kind not in first:
+            continue
+        ways = {}
+        for way, figures in first[kind]["ways"].items():
+            seconds = [x for r in runs for x in r[kind]["ways"][way]["seconds"]]
+            ways[way] = dict(
+                figures,
                 seconds=seconds,
                 sentences_per_s=sentences / statistics.median(seconds),
-                rounds=[r[kind]["sentences_per_s"] for r in runs],
+                rounds=[r[kind]["ways"][way]["sentences_per_s"] for r in runs],
             )
+        headline = ways[first[kind]["headline"]]
+        merged[kind] = dict(
+            first[kind],
+            ways=ways,
+            sentences_per_s=headline["sentences_per_s"],
+            rounds=headline["rounds"],
+        )
     for key in PEAK_MEMORY:
         if key in first:
             merged[key] = max(r[key] for r in runs)
@@ -267,7 +327,7 @@ def versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     found = {"python": platform.python_version()}
-    for package in ("torch", "qkv", "transformers", "x-transformers", "numpy"):
+    for package in ("torch", "transformers", "x-transformers", "numpy"):
         try:
             found[package] = version(package)
         except PackageNotFoundError:
@@ -279,6 +339,20 @@ def versions() -> dict[str, str]:
         cpu = platform.processor()
     found["cpu"] = f"{cpu}, {os.cpu_count()} logical CPUs"
     return found
+
+
+def tree_info(path: str) -> dict[str, Any]:
+    """A qkv source tree: its path, commit and whether tracked files differ from it."""
+
+    def git(*command: str) -> str:
+        done = subprocess.run(
+            ["git", "-C", path, *command], capture_output=True, text=True, check=False
+        )
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short", "HEAD") or None
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no")) if commit else None
+    return {"path": path, "commit": commit, "dirty": dirty}
 
 
 QUICK = {
@@ -298,7 +372,25 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated peers")
     parser.add_argument("--json", default="bench.json", help="write the results here")
     parser.add_argument("--md", default="bench.md", help="write the markdown report here")
+    parser.add_argument(
+        "--baseline",
+        metavar="TREE",
+        help="a qkv source tree (TREE/src/qkv, TREE/benchmarks/qkv_side.py) measured as one "
+        "more system, in processes of its own",
+    )
+    parser.add_argument(
+        "--baseline-label",
+        metavar="LABEL",
+        help="names the baseline qkv@LABEL (default: its git commit, else its folder's name)",
+    )
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--split",
+        type=int,
+        help="greedy batches every system decodes at once in the headline, each in a worker "
+        "thread of --threads/N torch threads (default: --threads, as `qkv translate`; CPU only; "
+        "1: one batch at a time)",
+    )
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument(
         "--dtype",
@@ -318,7 +410,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--infer-batch", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=50)
     parser.add_argument(
-        "--decode-repeats", type=int, default=3, help="timed greedy passes per decoding phase"
+        "--decode-repeats",
+        type=int,
+        default=3,
+        help="timed greedy passes of each way per decoding phase (beam search: half as many)",
     )
     parser.add_argument(
         "--decode-rounds",
@@ -330,13 +425,6 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--no-pair", action="store_true", help="skip the interleaved A/B runs")
     parser.add_argument("--no-decode", action="store_true", help="measure training only")
     parser.add_argument("--no-train", action="store_true", help="measure decoding only")
-    parser.add_argument("--no-profile", action="store_true")
-    parser.add_argument(
-        "--no-workers",
-        action="store_true",
-        help="skip decoding both ways, one batch at a time and in --threads worker threads "
-        "(CPU only)",
-    )
     parser.add_argument(
         "--no-cuda-graphs",
         action="store_true",
@@ -365,11 +453,29 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--inline",
         action="store_true",
-        help="measure in this process (tests); default: a fresh one per phase",
+        help="measure in this process (tests; a baseline's phases still run in processes of "
+        "their own); default: a fresh one per phase",
     )
     args = parser.parse_args(argv)
     if args.decode_rounds < 1 or args.decode_repeats < 1:
         parser.error("--decode-rounds and --decode-repeats must be at least 1")
+    if args.split is None:
+        args.split = args.threads
+    if args.split < 1:
+        parser.error("--split must be at least 1")
+    args.qkv_trees = {QKV: ROOT}
+    if args.baseline:
+        tree = os.path.realpath(args.baseline)
+        for needed in ("src/qkv", "benchmarks/qkv_side.py"):
+            if not os.path.exists(os.path.join(tree, needed)):
+                parser.error(f"--baseline {args.baseline}: no {needed} there")
+        label = args.baseline_label or tree_info(tree)["commit"] or os.path.basename(tree)
+        name = f"{QKV}@{label}"
+        if name in PEERS:
+            parser.error(f"--baseline-label {label}: the name {name} is taken")
+        args.qkv_trees[name] = tree
+    elif args.baseline_label:
+        parser.error("--baseline-label needs --baseline")
     if args.device == "cuda":
         import torch
 

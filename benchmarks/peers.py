@@ -3,13 +3,16 @@
 Each adapter exposes the same small interface as the qkv side (`qkv_side.py`):
 
     model                      the nn.Module
+    meta                       a dict describing the implementation and its settings
     n_embedding_params()       token and learned position tables (lookups, not matmuls)
-    optimizer(lr)              what the peer's usual training loop uses (torch.optim.Adam)
+    optimizer(lr)              torch.optim.Adam, fused where torch has a fused kernel
     loss(src, tgt_in, labels)  mean label-smoothed cross-entropy over non-pad targets
     greedy(src, n)             (B, n) tokens, exactly n new tokens (no early stop)
     beam(src, n, k)            (B, n) best beam, exactly n new tokens (only where supported)
 
-The peers are an optional extra (`pip install -e .[bench]`); torch_nn needs only torch.
+Every peer is set up as it runs best and as qkv is: attention dropout 0.0 (qkv's default and
+Marian's own; dropout 0.1 elsewhere), Adam with `fused=True`. The peers are an optional extra
+(`pip install -e .[bench]`); torch_nn needs only torch.
 """
 
 from __future__ import annotations
@@ -24,8 +27,15 @@ from torch import Tensor, nn
 from workload import BOS, EOS, PAD, Shape
 
 LABEL_SMOOTHING = 0.1
-PEERS = ("torch_nn", "hf_marian", "xtransformers")
-REQUIRES = {"torch_nn": "torch", "hf_marian": "transformers", "xtransformers": "x_transformers"}
+PEERS = ("torch_nn", "hf_marian", "xtransformers", "xtransformers_flash")
+REQUIRES = {
+    "torch_nn": "torch",
+    "hf_marian": "transformers",
+    "xtransformers": "x_transformers",
+    "xtransformers_flash": "x_transformers",
+}
+ATTENTION_DROPOUT = 0.0
+"""Dropout on the attention weights, for every peer: qkv's default, and Marian's."""
 MARIAN_TOKENS: dict[str, Any] = {
     "pad_token_id": PAD,
     "bos_token_id": BOS,
@@ -50,10 +60,12 @@ def marian_config(
     dropout: float,
     max_positions: int,
     tied: bool,
+    attention_dropout: float = ATTENTION_DROPOUT,
 ) -> Any:
     """A `MarianConfig` for a qkv-shaped model: the same heads and feed-forward width on both
-    sides, one dropout for residuals, attention and activations, embeddings scaled by sqrt(D),
-    SDPA attention and qkv's special ids (`MARIAN_TOKENS`)."""
+    sides, `dropout` on residuals and activations, `attention_dropout` on the attention
+    weights, embeddings scaled by sqrt(D), SDPA attention and qkv's special ids
+    (`MARIAN_TOKENS`)."""
     from transformers import MarianConfig
 
     return MarianConfig(
@@ -68,7 +80,7 @@ def marian_config(
         decoder_ffn_dim=d_ff,
         activation_function=activation,
         dropout=dropout,
-        attention_dropout=dropout,
+        attention_dropout=attention_dropout,
         activation_dropout=dropout,
         max_position_embeddings=max_positions,
         scale_embedding=True,
@@ -110,8 +122,19 @@ class Peer:
     bf16_weights = True  # bf16 runs decode with the weights cast to bf16 (else: autocast)
 
     def optimizer(self, lr: float) -> torch.optim.Optimizer:
-        # torch's default Adam: on CPU tensors the per-parameter (for-loop) implementation
-        return torch.optim.Adam(self.model.parameters(), lr=lr, betas=(0.9, 0.98), eps=1e-9)
+        return adam(self.model, lr)
+
+
+def adam(model: nn.Module, lr: float) -> torch.optim.Optimizer:
+    """Adam over the trainable parameters, `fused=True`: one kernel for all of them, on CPUs
+    and CUDA GPUs (torch's default on a CPU is a loop over the parameters); `foreach` where
+    torch has no fused kernel for the parameters' device."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    options: dict[str, Any] = {"lr": lr, "betas": (0.9, 0.98), "eps": 1e-9}
+    try:
+        return torch.optim.Adam(trainable, fused=True, **options)
+    except RuntimeError:
+        return torch.optim.Adam(trainable, foreach=True, **options)
 
 
 class TorchNNSeq2Seq(nn.Module):
@@ -132,6 +155,10 @@ class TorchNNSeq2Seq(nn.Module):
             dropout=s.dropout,
             batch_first=True,
         )  # post-norm, relu
+        # nn.Transformer has one dropout for everything: the attention weights get qkv's
+        for module in self.transformer.modules():
+            if isinstance(module, nn.MultiheadAttention):
+                module.dropout = ATTENTION_DROPOUT
         self.generator = nn.Linear(s.d_model, s.tgt_vocab)
         self.scale = math.sqrt(s.d_model)
 
@@ -169,8 +196,8 @@ class TorchNNPeer(Peer):
         self.meta = {
             "impl": "torch.nn.Transformer(batch_first=True), post-norm, own embeddings x sqrt(D), "
             "sinusoidal positions, nn.Linear generator",
-            "attention": "nn.MultiheadAttention -> F.scaled_dot_product_attention; dropout 0.1 "
-            "on attention weights",
+            "attention": "nn.MultiheadAttention -> F.scaled_dot_product_attention; attention "
+            f"dropout {ATTENTION_DROPOUT} (set on each nn.MultiheadAttention)",
             "kv_cache": "no (nn.TransformerDecoder has no incremental API: greedy re-decodes "
             "the prefix each step)",
         }
@@ -226,7 +253,8 @@ class HFMarianPeer(Peer):
         self.meta = {
             "impl": "transformers.MarianMTModel(MarianConfig(...)), random init, post-norm, relu, "
             "untied",
-            "attention": f"{self.model.config._attn_implementation}; dropout 0.1 on weights",
+            "attention": f"{self.model.config._attn_implementation}; attention dropout "
+            f"{config.attention_dropout}",
             "kv_cache": "yes (generate: self-attention cache, cross K/V once)",
         }
 
@@ -237,10 +265,6 @@ class HFMarianPeer(Peer):
             if table.weight.requires_grad:
                 n += table.weight.numel()
         return n
-
-    def optimizer(self, lr: float) -> torch.optim.Optimizer:
-        trainable = [p for p in self.model.parameters() if p.requires_grad]
-        return torch.optim.Adam(trainable, lr=lr, betas=(0.9, 0.98), eps=1e-9)
 
     def loss(self, src: Tensor, tgt_in: Tensor, labels: Tensor) -> Tensor:
         logits = self.model(
@@ -277,7 +301,7 @@ class XTransformersPeer(Peer):
     name = "xtransformers"
     bf16_weights = False  # it makes float32 activations of its own: bf16 decoding needs autocast
 
-    def __init__(self, shape: Shape) -> None:
+    def __init__(self, shape: Shape, flash: bool = False) -> None:
         from x_transformers import XTransformer
 
         s = shape
@@ -296,11 +320,11 @@ class XTransformersPeer(Peer):
                     f"{side}_ff_mult": s.d_ff / s.d_model,
                     f"{side}_ff_custom_activation": nn.ReLU(),
                     f"{side}_emb_dropout": s.dropout,
-                    f"{side}_attn_dropout": s.dropout,
+                    f"{side}_attn_dropout": ATTENTION_DROPOUT,
                     f"{side}_attn_sublayer_dropout": s.dropout,
                     f"{side}_ff_dropout": s.dropout,
                     f"{side}_ff_sublayer_dropout": s.dropout,
-                    f"{side}_attn_flash": False,
+                    f"{side}_attn_flash": flash,
                 }
             )
         self.model = XTransformer(
@@ -308,7 +332,12 @@ class XTransformersPeer(Peer):
         )
         self.meta = {
             "impl": "x_transformers.XTransformer, pre-norm, relu, learned absolute positions",
-            "attention": "hand-written einsum attention (attn_flash=False); dropout 0.1",
+            "attention": (
+                "F.scaled_dot_product_attention (attn_flash=True)"
+                if flash
+                else "hand-written einsum attention (attn_flash=False, the default)"
+            )
+            + f"; attention dropout {ATTENTION_DROPOUT}",
             "kv_cache": "yes (generate(cache_kv=True))",
         }
 
@@ -335,11 +364,21 @@ class XTransformersPeer(Peer):
         return self.model.generate(src, start, n, mask=src != PAD, temperature=0.0, cache_kv=True)
 
 
+class XTransformersFlashPeer(XTransformersPeer):
+    """x-transformers with `attn_flash=True`, its README's way to SDPA's fused kernels."""
+
+    name = "xtransformers_flash"
+
+    def __init__(self, shape: Shape) -> None:
+        super().__init__(shape, flash=True)
+
+
 def build_peer(name: str, shape: Shape) -> Peer:
-    builders = {
+    builders: dict[str, type[Peer]] = {
         "torch_nn": TorchNNPeer,
         "hf_marian": HFMarianPeer,
         "xtransformers": XTransformersPeer,
+        "xtransformers_flash": XTransformersFlashPeer,
     }
     if name not in builders:
         raise SystemExit(f"unknown peer {name!r}; known: {', '.join(builders)}")

@@ -1,48 +1,52 @@
 """The measurements. Each runs in a fresh worker process (see `bench.py`) and returns a dict.
 
+peak    matmul GFLOP/s, the denominator of MFU
+train   target tokens/s on the identical batches; a qkv tree also on its own length-bucketed
+        batches (its `bucketed_batches`)
+decode  greedy and beam sentences/s, batches of `--infer-batch`, exactly `--new-tokens` tokens:
+        each kind of search in every way of `decoding_ways`, the passes taking turns
+pair    qkv and one peer in one process, their training steps or decoding passes interleaved
+
 Every phase runs on `args.device` (cpu or cuda) in `args.dtype`: fp32, or bf16, the peak in the
 same. In bf16, training runs under `torch.autocast` (weights and optimizer state stay fp32) and
 decoding casts every system's weights to bf16 (`for_decoding`), as bf16 models are decoded:
 Hugging Face's `torch_dtype=torch.bfloat16`, qkv's `translate --bf16`.
 
-peak      fp32 matmul GFLOP/s, the denominator of MFU
-train     target tokens/s on the identical batches (qkv: also on its bucketed batches)
-decode    greedy and beam sentences/s, batch 64, exactly n new tokens
-profile   where one qkv training step goes (torch.profiler, by op category)
-pair      qkv and one peer in one process, their steps interleaved AB BA AB ...
+A system is a peer (`peers.py`) or qkv, built by a source tree's own `benchmarks/qkv_side.py`
+(`load_qkv_side`) with that tree's own `qkv` package. Nothing here imports qkv: the qkv side
+is the one place that knows its internals.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
+import importlib.util
 import math
+import os
 import resource
 import statistics
+import sys
 import time
-from collections import defaultdict
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from types import ModuleType
+from typing import Any, TypeVar
 
+import numpy as np
 import torch
-from workload import PAD, SHAPES, Shape, make_sources, make_train_batches, pad_batch
-
-from qkv.model.frozen_linear import cpu_bf16_matmuls
+from workload import (
+    PAD,
+    SHAPES,
+    Shape,
+    digest,
+    make_sources,
+    make_train_batches,
+    pad_batch,
+    padding,
+)
 
 Batch = dict[str, torch.Tensor]
-
-
-def ab_decoding_parser(description: str) -> argparse.ArgumentParser:
-    """The options of the interleaved decoding A/B scripts: threads, the benchmark's decoding
-    workload, and how many passes each way takes."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument("--sentences", type=int, default=256)
-    parser.add_argument("--infer-batch", type=int, default=64)
-    parser.add_argument("--new-tokens", type=int, default=50)
-    parser.add_argument("--passes", type=int, default=3)
-    return parser
+Result = TypeVar("Result")
 
 
 def device_of(args: Any) -> torch.device:
@@ -81,18 +85,60 @@ def sync(args: Any) -> None:
         torch.cuda.synchronize()
 
 
-def build(name: str, shape: Shape, args: Any = None) -> Any:
-    """qkv or a peer, with the same interface, on the phase's device."""
-    if name == "qkv":
-        from qkv_side import QkvSystem
+def load_qkv_side(tree: str) -> ModuleType:
+    """`<tree>/benchmarks/qkv_side.py`, imported as the module `qkv_side`.
 
-        system: Any = QkvSystem(shape, not getattr(args, "no_cuda_graphs", False))
+    It drives the `qkv` package that this process imports, which must be the tree's own
+    (`<tree>/src/qkv`; the driver puts `<tree>/src` first on a worker's PYTHONPATH).
+
+    Raises:
+        RuntimeError: if `qkv` comes from somewhere else, or the tree has no qkv side.
+    """
+    path = os.path.realpath(os.path.join(tree, "benchmarks", "qkv_side.py"))
+    loaded = sys.modules.get("qkv_side")
+    if loaded is not None and os.path.realpath(getattr(loaded, "__file__", "")) == path:
+        return loaded
+    import qkv
+
+    found = os.path.realpath(os.path.dirname(qkv.__file__))
+    expected = os.path.realpath(os.path.join(tree, "src", "qkv"))
+    if found != expected:
+        raise RuntimeError(f"this process imports qkv from {found}, not from {expected}")
+    spec = importlib.util.spec_from_file_location("qkv_side", path)
+    if spec is None or spec.loader is None or not os.path.exists(path):
+        raise RuntimeError(f"no qkv side at {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["qkv_side"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def qkv_side_of(name: str, args: Any) -> ModuleType | None:
+    """The qkv side that builds system `name`, or None for a peer."""
+    tree = (getattr(args, "qkv_trees", None) or {}).get(name)
+    return None if tree is None else load_qkv_side(tree)
+
+
+def build(name: str, shape: Shape, args: Any) -> Any:
+    """qkv (any of `args.qkv_trees`) or a peer, with the same interface, on the phase's device."""
+    side = qkv_side_of(name, args)
+    if side is not None:
+        system: Any = side.QkvSystem(shape, not getattr(args, "no_cuda_graphs", False))
     else:
         from peers import build_peer
 
         system = build_peer(name, shape)
     system.model.to(device_of(args))
     return system
+
+
+def origin(name: str, args: Any) -> dict[str, str]:
+    """Where a qkv system's package came from (nothing for a peer)."""
+    if qkv_side_of(name, args) is None:
+        return {}
+    import qkv
+
+    return {"qkv_package": os.path.dirname(os.path.realpath(qkv.__file__))}
 
 
 def memory(args: Any) -> dict[str, float]:
@@ -144,17 +190,15 @@ def best_gflops(m: int, k: int, n: int, repeats: int, args: Any = None) -> float
 
 def onednn_applies(args: Any) -> bool:
     """Whether oneDNN's matmul is measured beside torch.mm: a CPU, and fp32 or native bf16."""
-    dtype = matmul_dtype(args)
-    return (
-        device_of(args).type == "cpu"
-        and torch.backends.mkldnn.is_available()
-        and (dtype == torch.float32 or (dtype == torch.bfloat16 and cpu_bf16_matmuls()))
-    )
+    if device_of(args).type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    native_bf16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return matmul_dtype(args) == torch.float32 or native_bf16
 
 
 def best_onednn_gflops(m: int, k: int, n: int, repeats: int, args: Any = None) -> float:
     """GFLOP/s of the best of `repeats` (m, k) x (k, n) products by oneDNN's matmul on the CPU,
-    the (k, n) operand reordered once into its blocked layout (as `FrozenLinear` does)."""
+    the (k, n) operand reordered once into its blocked layout."""
     dtype = matmul_dtype(args)
     a, b = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype)
     blocked = torch.ops.mkldnn._reorder_linear_weight(b, m)
@@ -178,65 +222,6 @@ def _best_seconds(fn: Callable[[], object], repeats: int, args: Any) -> float:
     return best
 
 
-class PartTimers:
-    """Wall-clock timers put around functions (`wrap`) and taken off again (`restore`).
-
-    `seconds[part]`: the time spent in the functions wrapped as `part`, summed; the parts are
-    listed in the order of their first `wrap`. `within[part, outer]`: the share of it spent
-    while a function wrapped as `outer` was running (a product inside a weight's gradient).
-    """
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = defaultdict(float)
-        self.within: dict[tuple[str, str], float] = defaultdict(float)
-        self._running: list[str] = []
-        self._undo: list[tuple[Any, str, Any]] = []
-
-    def wrap(
-        self, owner: Any, name: str, part: str, see: Callable[..., object] | None = None
-    ) -> None:
-        """Time `owner.name` (a module's function, a class's method, an object's) as `part`;
-        `see(*args, **kwargs)`, if given, is shown each call's arguments first."""
-        original = vars(owner).get(name, getattr(owner, name))  # a staticmethod as it is
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            if see is not None:
-                see(*args, **kwargs)
-            start = time.perf_counter()
-            self._running.append(part)
-            try:
-                return original(*args, **kwargs)
-            finally:
-                self._running.pop()
-                spent = time.perf_counter() - start
-                self.seconds[part] += spent
-                for outer in set(self._running):
-                    self.within[part, outer] += spent
-
-        self._undo.append((owner, name, original))
-        setattr(owner, name, timed)
-        self.seconds[part] += 0.0  # listed in the order of wrapping
-
-    def restore(self) -> None:
-        """Put every wrapped function back."""
-        for owner, name, original in reversed(self._undo):
-            setattr(owner, name, original)
-        self._undo.clear()
-
-
-def best_ms(fn: Callable[[], object], passes: int = 7, calls: int = 20, warmups: int = 3) -> float:
-    """Best milliseconds per call over `passes` passes of `calls` calls, after `warmups` calls."""
-    for _ in range(warmups):
-        fn()
-    best = math.inf
-    for _ in range(passes):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - start) / calls)
-    return 1000 * best
-
-
 def params(system: Any) -> dict[str, int]:
     trainable = sum(p.numel() for p in system.model.parameters() if p.requires_grad)
     embedding = system.n_embedding_params()
@@ -247,18 +232,31 @@ def params(system: Any) -> dict[str, int]:
     }
 
 
-def train_batches(args: Any, shape: Shape) -> list[Batch]:
-    batches = make_train_batches(args.warmup + args.steps, args.batch_tokens, args.seed + 1, shape)
+def to_tensors(batches: list[dict[str, np.ndarray]], args: Any) -> list[Batch]:
     device = device_of(args)
     return [{k: torch.from_numpy(v).to(device) for k, v in b.items()} for b in batches]
+
+
+def train_arrays(args: Any, shape: Shape) -> list[dict[str, np.ndarray]]:
+    """The identical training batches: `--warmup` untimed, then `--steps` timed."""
+    return make_train_batches(args.warmup + args.steps, args.batch_tokens, args.seed + 1, shape)
 
 
 def n_targets(batches: list[Batch]) -> int:
     return sum(int((b["labels"] != PAD).sum()) for b in batches)
 
 
-def step_function(system: Any, lr: float, args: Any = None) -> Callable[[Batch], float]:
-    """One optimiser step on a batch; returns the loss (reading it waits for the device).
+def optimizer_kind(optimizer: torch.optim.Optimizer) -> str:
+    """How an optimizer steps: "fused", "foreach" or "for-loop"."""
+    group = optimizer.param_groups[0]
+    if group.get("fused"):
+        return "fused"
+    return "foreach" if group.get("foreach") else "for-loop"
+
+
+def step_function(system: Any, lr: float, args: Any = None) -> tuple[Callable[[Batch], float], str]:
+    """One optimiser step on a batch, returning the loss (reading it waits for the device),
+    and how its optimizer steps.
 
     On a GPU, a system's own step recorded as CUDA graphs (qkv's trainer's) where it has one.
     """
@@ -267,7 +265,7 @@ def step_function(system: Any, lr: float, args: Any = None) -> Callable[[Batch],
         dtype = matmul_dtype(args)
         found = graphed(lr, dtype if dtype != torch.float32 else None)
         if found is not None:
-            return found  # type: ignore[no-any-return]
+            return found, "the system's own step, one CUDA graph replay"
     optimizer = system.optimizer(lr)
     system.model.train()
 
@@ -279,7 +277,7 @@ def step_function(system: Any, lr: float, args: Any = None) -> Callable[[Batch],
         optimizer.step()
         return float(loss.detach())
 
-    return step
+    return step, f"{type(optimizer).__name__}, {optimizer_kind(optimizer)}"
 
 
 def timed_rounds(
@@ -312,7 +310,6 @@ def timed_rounds(
         "repeats": rounds,
         "tgt_tokens": tokens,
         "batches": len(timed),
-        "padded_tgt_tokens": sum(b["labels"].numel() for b in timed),
         "loss_first_last": [losses[0], losses[-1]],
         "loss_finite": all(math.isfinite(x) for x in losses),
     }
@@ -328,8 +325,8 @@ def phase_peak(args: Any) -> dict[str, Any]:
         sizes.append((8192, 8192, 8192, 4))
     shapes = {f"{m}x{k}x{n}": best_gflops(m, k, n, reps, args) for m, k, n, reps in sizes}
     # torch.mm goes to the BLAS (MKL), which takes narrower vector units on some CPUs (AMD's)
-    # than oneDNN's matmul, also in torch and what qkv's linear layers use: the peak is the
-    # best of both, so that no MFU is taken against less than the hardware gives.
+    # than oneDNN's matmul, also in torch: the peak is the best of both, so that no MFU is
+    # taken against less than the hardware gives.
     onednn = (
         {f"{m}x{k}x{n}": best_onednn_gflops(m, k, n, reps, args) for m, k, n, reps in sizes}
         if onednn_applies(args)
@@ -351,23 +348,32 @@ def phase_train(args: Any) -> dict[str, Any]:
     torch.manual_seed(args.seed)
     probes = [first_probe(args)]
     system = build(args.system, shape, args)
-    batches = train_batches(args, shape)
-    step = step_function(system, args.lr, args)
-    result = {"system": args.system, "meta": system.meta, "params": params(system)}
+    arrays = train_arrays(args, shape)
+    batches = to_tensors(arrays, args)
+    step, optimizer = step_function(system, args.lr, args)
+    result = {
+        "system": args.system,
+        "meta": system.meta,
+        "params": params(system),
+        "optimizer": optimizer,
+        **origin(args.system, args),
+        "batches": {
+            **padding(arrays[args.warmup :]),
+            "digest": digest(arrays),
+            "sentences": [len(b["src"]) for b in arrays[args.warmup :]],
+        },
+    }
     result["identical"] = timed_rounds(
         step, batches[: args.warmup], batches[args.warmup :], args.repeats, untimed_pass_first(args)
     )
     later_probe(probes, args)
-    if args.system == "qkv":
-        from qkv_side import bucketed_batches
-
-        device = device_of(args)
-        bucketed = [
-            {"src": b.src.to(device), "tgt_in": b.tgt_in.to(device), "labels": b.labels.to(device)}
-            for b in bucketed_batches(
-                [{k: v.cpu().numpy() for k, v in b.items()} for b in batches], args.seed
-            )
+    side = qkv_side_of(args.system, args)
+    if side is not None and hasattr(side, "bucketed_batches"):
+        regrouped = [
+            {"src": b.src.numpy(), "tgt_in": b.tgt_in.numpy(), "labels": b.labels.numpy()}
+            for b in side.bucketed_batches(arrays, args.seed)
         ]
+        bucketed = to_tensors(regrouped, args)
         result["bucketed"] = timed_rounds(
             step,
             bucketed[: args.warmup],
@@ -375,6 +381,7 @@ def phase_train(args: Any) -> dict[str, Any]:
             args.repeats,
             untimed_pass_first(args),
         )
+        result["bucketed"]["padding"] = padding(regrouped[args.warmup :])
         later_probe(probes, args)
     result.update(**memory(args), probe_gflops=probes, threads=torch.get_num_threads())
     return result
@@ -397,30 +404,114 @@ def untimed_pass_first(args: Any) -> bool:
     return device_of(args).type == "cuda"
 
 
-def time_decoding(
+def split_of(args: Any) -> int:
+    """How many greedy batches every system decodes at once in the like-for-like figure
+    (`--split`): on a CPU only, and at most one per torch thread."""
+    if device_of(args).type != "cpu":
+        return 1
+    return max(1, min(getattr(args, "split", 1), args.threads))
+
+
+def map_split(job: Callable[[int], Result], count: int, workers: int) -> Iterator[Result]:
+    """`job(0), ..., job(count - 1)`, yielded in order, `workers` at a time.
+
+    Each of `workers` threads of this process runs torch on its share of the caller's torch
+    threads (one each when they are as many) and takes the next index when it is free; the
+    last `count % workers` jobs, which would leave threads idle, run here afterwards on all of
+    the caller's threads. This is how `qkv translate` decodes greedy batches on a CPU
+    (`--workers`), here given to every system alike. With one worker, everything runs here.
+    """
+    workers = min(workers, count)
+    if workers <= 1:
+        yield from map(job, range(count))
+        return
+    threads = torch.get_num_threads()
+    split = count - count % workers
+    pool = ThreadPoolExecutor(
+        workers, initializer=torch.set_num_threads, initargs=(max(1, threads // workers),)
+    )
+    try:
+        futures = [pool.submit(job, i) for i in range(split)]
+        for future in futures:
+            yield future.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        torch.set_num_threads(threads)  # torch keeps the last count set as its default
+    yield from map(job, range(split, count))
+
+
+SHIPPED = "shipped"
+"""The way of decoding of a system's own batching (a qkv side's `map_batches`)."""
+
+
+def decoding_ways(system: Any, args: Any, width: int) -> dict[str, int | str]:
+    """How a pass may go over the batches (beam `width`, 1 for greedy): name -> workers.
+
+    "split": greedy, `split_of(args)` batches at once, for every system alike (CPU only);
+    "one": one batch at a time on all the torch threads, as every peer ships;
+    "shipped": as the system batches by itself (`map_batches`), where it has a way of its own.
+    """
+    ways: dict[str, int | str] = {}
+    if width == 1 and split_of(args) > 1:
+        ways["split"] = split_of(args)
+    ways["one"] = 1
+    if hasattr(system, "map_batches"):
+        ways[SHIPPED] = SHIPPED
+    return ways
+
+
+def headline_way(ways: dict[str, Any]) -> str:
+    """The like-for-like way: the same batches in flight for every system."""
+    return "split" if "split" in ways else "one"
+
+
+def decode_pass(
     system: Any,
-    fn: Callable[[torch.Tensor], torch.Tensor],
+    run: Callable[[Any, torch.Tensor], torch.Tensor],
     batches: list[torch.Tensor],
-    n: int,
+    workers: int | str,
     args: Any,
     width: int = 1,
 ) -> float:
-    """Seconds to decode every batch (beam `width`, 1 for greedy): one after the other, or as
-    the system does many (`map_batches`: qkv's workers)."""
+    """Seconds to decode every batch, `workers` at once (`map_split`), or as the system does
+    many (`SHIPPED`); checks each output's shape."""
+
+    def job(index: int) -> torch.Tensor:
+        with torch.inference_mode(), decoding_autocast(system, args):
+            return run(system, batches[index])
+
+    def one(batch: torch.Tensor) -> torch.Tensor:
+        with torch.inference_mode(), decoding_autocast(system, args):
+            return run(system, batch)
+
     start = time.perf_counter()
-    with decoding_autocast(system, args):
-        if hasattr(system, "map_batches"):
-            found = system.map_batches(fn, batches, width)
-        else:
-            found = [fn(batch) for batch in batches]
+    if workers == SHIPPED:
+        found = list(system.map_batches(one, batches, width))
+    else:
+        found = list(map_split(job, len(batches), int(workers)))
     sync(args)
     seconds = time.perf_counter() - start
     for batch, out in zip(batches, found, strict=True):
-        assert out.shape == (batch.size(0), n), (tuple(out.shape), n)
+        assert out.shape == (batch.size(0), args.new_tokens), (tuple(out.shape), args.new_tokens)
     return seconds
 
 
+def decoding_kinds(
+    args: Any, systems: list[Any]
+) -> dict[str, tuple[int, Callable[[Any, torch.Tensor], torch.Tensor]]]:
+    """Greedy, and beam search when `--beam` and every system has one: kind -> (width, run),
+    run(system, batch) -> (B, --new-tokens) ids."""
+    kinds: dict[str, tuple[int, Callable[[Any, torch.Tensor], torch.Tensor]]] = {
+        "greedy": (1, lambda s, b: s.greedy(b, args.new_tokens))
+    }
+    if args.beam and all(hasattr(s, "beam") for s in systems):
+        kinds["beam"] = (args.beam, lambda s, b: s.beam(b, args.new_tokens, args.beam))
+    return kinds
+
+
 def phase_decode(args: Any) -> dict[str, Any]:
+    """Each kind of search in each of `decoding_ways`, a pass a way in turn (forward, then
+    backward), `--decode-repeats` passes of greedy and half as many of beam search."""
     shape = SHAPES[args.shape]
     torch.manual_seed(args.seed)
     probes = [first_probe(args)]
@@ -429,42 +520,31 @@ def phase_decode(args: Any) -> dict[str, Any]:
     batches = decode_batches(args, shape)
     sentences = sum(b.size(0) for b in batches)
     weights = str(next(system.model.parameters()).dtype)
-    result: dict[str, Any] = {"system": args.system, "meta": system.meta, "weights": weights}
+    result: dict[str, Any] = {
+        "system": args.system,
+        "meta": system.meta,
+        "weights": weights,
+        **origin(args.system, args),
+    }
     with torch.inference_mode():
-        with decoding_autocast(system, args):
-            system.greedy(batches[0][:4], 3)  # warm-up
-        skip = int(untimed_pass_first(args))
-        seconds = [
-            time_decoding(
-                system, lambda b: system.greedy(b, args.new_tokens), batches, args.new_tokens, args
-            )
-            for _ in range(skip + args.decode_repeats)
-        ][skip:]
-        result["greedy"] = {
-            "sentences_per_s": sentences / statistics.median(seconds),
-            "seconds": seconds,
-        }
-        result.update({f"{k}_greedy": v for k, v in memory(args).items()})
-        later_probe(probes, args)
-        if args.beam and hasattr(system, "beam"):
+        for kind, (width, run) in decoding_kinds(args, [system]).items():
             with decoding_autocast(system, args):
-                system.beam(batches[0][:2], 3, args.beam)
-            seconds = [
-                time_decoding(
-                    system,
-                    lambda b: system.beam(b, args.new_tokens, args.beam),
-                    batches,
-                    args.new_tokens,
-                    args,
-                    args.beam,
-                )
-                for _ in range(skip + max(1, args.decode_repeats // 2))
-            ][skip:]
-            result["beam"] = {
-                "k": args.beam,
-                "seconds": seconds,
-                "sentences_per_s": sentences / statistics.median(seconds),
-            }
+                run(system, batches[0][:2])  # warm-up; its decoding weights serve the workers
+            ways = decoding_ways(system, args, width)
+            passes = args.decode_repeats if kind == "greedy" else max(1, args.decode_repeats // 2)
+            skip = int(untimed_pass_first(args))
+            seconds: dict[str, list[float]] = {way: [] for way in ways}
+            names = list(ways)
+            for index in range(skip + passes):
+                for way in names if index % 2 == 0 else names[::-1]:
+                    took = decode_pass(system, run, batches, ways[way], args, width)
+                    if index >= skip:
+                        seconds[way].append(took)
+            result[kind] = speeds(ways, seconds, sentences, args)
+            if kind == "beam":
+                result[kind]["k"] = args.beam
+            else:
+                result.update({f"{k}_greedy": v for k, v in memory(args).items()})
             later_probe(probes, args)
     result.update(
         sentences=sentences,
@@ -476,9 +556,29 @@ def phase_decode(args: Any) -> dict[str, Any]:
     return result
 
 
+def speeds(
+    ways: dict[str, int | str], seconds: dict[str, list[float]], sentences: int, args: Any
+) -> dict[str, Any]:
+    """Sentences/s of each way (median pass), and the like-for-like way's as the kind's own."""
+    threads = args.threads
+    out: dict[str, Any] = {"ways": {}}
+    for way, workers in ways.items():
+        out["ways"][way] = {
+            "seconds": seconds[way],
+            "sentences_per_s": sentences / statistics.median(seconds[way]),
+        }
+        if workers != SHIPPED:
+            out["ways"][way].update(
+                workers=int(workers), threads_each=max(1, threads // int(workers))
+            )
+    out["headline"] = headline_way(ways)
+    out["sentences_per_s"] = out["ways"][out["headline"]]["sentences_per_s"]
+    return out
+
+
 def phase_pair(args: Any) -> dict[str, Any]:
     """qkv (A) and a peer (B) trained (`pair_part` "train") or decoding ("decode") in one
-    process, their steps or batches interleaved AB BA AB ..., so that load from other processes
+    process, their steps or passes interleaved AB BA AB ..., so that load from other processes
     hits both alike. Ratios are A's speed over B's."""
     shape = SHAPES[args.shape]
     torch.manual_seed(args.seed)
@@ -489,14 +589,14 @@ def phase_pair(args: Any) -> dict[str, Any]:
     if args.pair_part == "train":
         result["train"] = _pair_train(args, shape, systems)
     else:
-        result["decode"] = _pair_decode(args, shape, systems)
+        result["decode"] = _pair_decode(args, shape, dict(zip(names, systems, strict=True)))
     result["probe_gflops"] = [*probes, probe_gflops(args.probe_size, args)]
     return result
 
 
 def _pair_train(args: Any, shape: Shape, systems: list[Any]) -> dict[str, Any]:
-    batches = train_batches(args, shape)
-    steps = [step_function(s, args.lr, args) for s in systems]
+    batches = to_tensors(train_arrays(args, shape), args)
+    steps = [step_function(s, args.lr, args)[0] for s in systems]
     warm = batches if untimed_pass_first(args) else batches[: args.warmup]
     for batch in warm:
         for step in steps:
@@ -516,46 +616,36 @@ def _pair_train(args: Any, shape: Shape, systems: list[Any]) -> dict[str, Any]:
     }
 
 
-def decoding_kinds(
-    args: Any, systems: list[Any]
-) -> dict[str, Callable[[Any, torch.Tensor], torch.Tensor]]:
-    """Greedy, and beam search when `--beam` and every system has one: (system, batch) ->
-    (B, --new-tokens) ids."""
-    kinds: dict[str, Callable[[Any, torch.Tensor], torch.Tensor]] = {
-        "greedy": lambda s, b: s.greedy(b, args.new_tokens)
-    }
-    if args.beam and all(hasattr(s, "beam") for s in systems):
-        kinds["beam"] = lambda s, b: s.beam(b, args.new_tokens, args.beam)
-    return kinds
-
-
-def _pair_decode(args: Any, shape: Shape, systems: list[Any]) -> dict[str, Any]:
+def _pair_decode(args: Any, shape: Shape, systems: dict[str, Any]) -> dict[str, Any]:
+    """Both systems, greedy in the like-for-like split and one batch at a time, beam search
+    one batch at a time: every (system, way) a pass in turn, forward then backward."""
     batches = decode_batches(args, shape)
-    kinds = decoding_kinds(args, systems)
-    out = {}
+    sentences = sum(b.size(0) for b in batches)
+    out: dict[str, Any] = {"sentences": sentences, "split": split_of(args)}
+    for system in systems.values():
+        for_decoding(system, args)
     with torch.inference_mode():
-        for system in systems:
-            for_decoding(system, args)
-            with decoding_autocast(system, args):
-                system.greedy(batches[0][:4], 3)
-        for kind, run in kinds.items():
-            if untimed_pass_first(args):
-                for batch in batches:
-                    for system in systems:
-                        with decoding_autocast(system, args):
-                            run(system, batch)
-            seconds: list[list[float]] = [[], []]
-            for index, batch in enumerate(batches):
-                for side in (0, 1) if index % 2 == 0 else (1, 0):
-                    start = time.perf_counter()
-                    with decoding_autocast(systems[side], args):
-                        run(systems[side], batch)
-                    sync(args)
-                    seconds[side].append(time.perf_counter() - start)
-            sentences = sum(b.size(0) for b in batches)
-            out[kind] = {
-                "a_sentences_per_s": sentences / sum(seconds[0]),
-                "b_sentences_per_s": sentences / sum(seconds[1]),
-                "ratio": sum(seconds[1]) / sum(seconds[0]),
-            }
+        for kind, (width, run) in decoding_kinds(args, list(systems.values())).items():
+            workers = sorted({split_of(args) if width == 1 else 1, 1}, reverse=True)
+            ways = [(name, w) for name in systems for w in workers]
+            for system in systems.values():
+                with decoding_autocast(system, args):
+                    run(system, batches[0][:2])  # warm-up
+            seconds: dict[tuple[str, int], list[float]] = {way: [] for way in ways}
+            skip = int(untimed_pass_first(args))
+            for index in range(skip + args.decode_repeats):
+                for name, w in ways if index % 2 == 0 else ways[::-1]:
+                    took = decode_pass(systems[name], run, batches, w, args, width)
+                    if index >= skip:
+                        seconds[name, w].append(took)
+            out[kind] = [
+                {
+                    "system": name,
+                    "workers": w,
+                    "threads_each": max(1, args.threads // w),
+                    "sentences_per_s": sentences / statistics.median(seconds[name, w]),
+                    "seconds": seconds[name, w],
+                }
+                for name, w in ways
+            ]
     return out

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+QKV = "qkv"
+
 
 def fmt(value: float | None, digits: int = 0) -> str:
     return "—" if value is None else f"{value:,.{digits}f}"
@@ -13,8 +15,12 @@ def ratio(a: float | None, b: float | None) -> str:
     return "—" if not a or not b else f"{a / b:.2f}×"
 
 
-def figures(name: str, r: dict[str, Any], peak: float | None) -> dict[str, float | None]:
-    """The table's numbers for one system."""
+def way_speed(decode: dict[str, Any], kind: str, way: str) -> float | None:
+    return decode.get(kind, {}).get("ways", {}).get(way, {}).get("sentences_per_s")
+
+
+def figures(r: dict[str, Any], peak: float | None) -> dict[str, Any]:
+    """The tables' numbers for one system."""
     train, decode = r.get("train", {}), r.get("decode", {})
     identical = train.get("identical", {}).get("tgt_tokens_per_s")
     bucketed = train.get("bucketed", {}).get("tgt_tokens_per_s")
@@ -23,13 +29,22 @@ def figures(name: str, r: dict[str, Any], peak: float | None) -> dict[str, float
     def mfu(tok_s: float | None) -> float | None:
         return 100 * 6 * n * tok_s / 1e9 / peak if tok_s and n and peak else None
 
+    shipped = {
+        kind: way_speed(decode, kind, "shipped") or way_speed(decode, kind, "one")
+        for kind in ("greedy", "beam")
+    }
     return {
         "identical": identical,
         "mfu": mfu(identical),
         "bucketed": bucketed,
         "mfu_bucketed": mfu(bucketed),
+        "bucketed_padding": train.get("bucketed", {}).get("padding"),
         "greedy": decode.get("greedy", {}).get("sentences_per_s"),
         "beam": decode.get("beam", {}).get("sentences_per_s"),
+        "greedy_one": way_speed(decode, "greedy", "one"),
+        "greedy_shipped": shipped["greedy"],
+        "beam_shipped": shipped["beam"],
+        "own_batching": "shipped" in decode.get("greedy", {}).get("ways", {}),
         # host RSS, or on a GPU the memory torch allocated there
         "rss_train": train.get("peak_device_mb", train.get("peak_rss_mb")),
         "rss_greedy": decode.get("peak_device_mb_greedy", decode.get("peak_rss_mb_greedy")),
@@ -43,49 +58,95 @@ def figures(name: str, r: dict[str, Any], peak: float | None) -> dict[str, float
     }
 
 
-def table(results: dict[str, Any]) -> list[str]:
+def split_workers(results: dict[str, Any]) -> int:
+    """How many greedy batches each system decoded at once in the headline (1: one at a time)."""
+    for r in results["systems"].values():
+        split = r.get("decode", {}).get("greedy", {}).get("ways", {}).get("split")
+        if split:
+            return int(split["workers"])
+    return 1
+
+
+def qkv_systems(results: dict[str, Any]) -> list[str]:
+    return [QKV, *results.get("baselines", [])]
+
+
+def peers_of(results: dict[str, Any]) -> list[str]:
+    return [n for n in results["systems"] if n not in qkv_systems(results)]
+
+
+def ratio_rows(
+    results: dict[str, Any],
+    rows: dict[str, dict[str, Any]],
+    speeds: list[str],
+    memory: list[str],
+    blank: int,
+) -> list[str]:
+    """qkv over the best peer (highest speed, lowest memory), then qkv over each baseline
+    (new / old), figure by figure; `blank` empty cells after the name."""
+    if QKV not in rows:
+        return []
+    q, lines = rows[QKV], []
+    peers = [p for p in peers_of(results) if p in rows]
+
+    def row(name: str, cells: list[str]) -> str:
+        return f"| {name} |" + " |" * blank + " " + " | ".join(cells) + " |"
+
+    if peers:
+        cells = []
+        for key in speeds:
+            values = {p: rows[p][key] for p in peers if rows[p][key]}
+            name = max(values, key=lambda p: values[p]) if values else None
+            cells.append(f"{ratio(q[key], values[name])} ({name})" if name else "—")
+        if memory:
+            lowest = []
+            for key in memory:
+                values = [rows[p][key] for p in peers if rows[p][key]]
+                lowest.append(ratio(q[key], min(values)) if values else "—")
+            cells.append(" / ".join(lowest) + " (lowest)")
+        lines.append(row("**qkv / best peer**", cells))
+    for old in results.get("baselines", []):
+        if old not in rows:
+            continue
+        o = rows[old]
+        cells = [ratio(q[key], o[key]) for key in speeds]
+        if memory:
+            cells.append(" / ".join(ratio(q[key], o[key]) for key in memory))
+        lines.append(row(f"**qkv / {old}** (new / old)", cells))
+    return lines
+
+
+def headline(results: dict[str, Any]) -> list[str]:
+    """Like for like: identical training batches, the same greedy batches in flight."""
     peak = results["peak"].get("peak_gflops")
-    rows = {name: figures(name, r, peak) for name, r in results["systems"].items()}
+    rows = {name: figures(r, peak) for name, r in results["systems"].items()}
     k = results["args"]["beam"]
+    n = split_workers(results)
+    greedy = f"greedy sent/s, {n} batches at once" if n > 1 else "greedy sent/s"
     memory_kind = "device memory" if results["args"].get("device") == "cuda" else "RSS"
     lines = [
-        f"| system | non-emb params | train tok/s, identical batches | MFU | "
-        f"train tok/s, qkv bucketed batches (MFU) | greedy sent/s | beam-{k} sent/s | "
-        f"peak {memory_kind} MB train / greedy / beam-{k} |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "## Like for like",
+        "",
+        f"| system | non-emb params | train tok/s, identical batches | MFU | {greedy} | "
+        f"beam-{k} sent/s | peak {memory_kind} MB train / greedy / beam-{k} |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, f in rows.items():
         train_mark = " †" if f["train_contended"] else ""
         decode_mark = " †" if f["decode_contended"] else ""
-        bucketed = f"{fmt(f['bucketed'])} ({fmt(f['mfu_bucketed'], 1)} %)" if f["bucketed"] else "—"
         mfu = f"{fmt(f['mfu'], 1)} %" if f["mfu"] else "—"
         lines.append(
             f"| {name} | {fmt(f['non_embedding'])} | {fmt(f['identical'])}{train_mark} | {mfu} | "
-            f"{bucketed} | {fmt(f['greedy'], 1)}{decode_mark} | {fmt(f['beam'], 1)}{decode_mark} | "
+            f"{fmt(f['greedy'], 1)}{decode_mark} | {fmt(f['beam'], 1)}{decode_mark} | "
             f"{fmt(f['rss_train'])} / {fmt(f['rss_greedy'])} / {fmt(f['rss_beam'])} |"
         )
-    peers = [n for n in rows if n != "qkv"]
-    if "qkv" in rows and peers:
-        q = rows["qkv"]
-
-        def top(key: str) -> tuple[str, float | None]:
-            values = {p: rows[p][key] for p in peers if rows[p][key]}
-            if not values:
-                return "", None
-            name = max(values, key=lambda p: values[p] or 0.0)
-            return name, values[name]
-
-        cells = []
-        for key in ("identical", "mfu", "bucketed", "greedy", "beam"):
-            name, value = top("identical" if key == "bucketed" else key)
-            cells.append(f"{ratio(q[key], value)} ({name})" if value else "—")
-        memory = []
-        for key in ("rss_train", "rss_greedy", "rss_beam"):
-            values = [rows[p][key] for p in peers if rows[p][key]]
-            memory.append(ratio(q[key], min(values)) if values else "—")
-        lines.append(
-            f"| **qkv / best peer** | | {' | '.join(cells)} | {' / '.join(memory)} (lowest) |"
-        )
+    lines += ratio_rows(
+        results,
+        rows,
+        ["identical", "mfu", "greedy", "beam"],
+        ["rss_train", "rss_greedy", "rss_beam"],
+        1,
+    )
     if any(f["train_contended"] or f["decode_contended"] for f in rows.values()):
         lines += [
             "",
@@ -96,14 +157,89 @@ def table(results: dict[str, Any]) -> list[str]:
     return lines
 
 
-def rounds(results: dict[str, Any]) -> list[str]:
-    """Each round's decoding speeds, and qkv's ratio to each peer round by round."""
-    decoded = {n: r["decode"] for n, r in results["systems"].items() if "greedy" in r["decode"]}
-    if "qkv" not in decoded or len(decoded["qkv"]["greedy"].get("rounds", [])) < 2:
+def as_shipped(results: dict[str, Any]) -> list[str]:
+    """Each system as it ships: decoding one batch at a time (the peers) or as qkv translate
+    batches; training on qkv's own length-bucketed batches (qkv only)."""
+    peak = results["peak"].get("peak_gflops")
+    rows = {name: figures(r, peak) for name, r in results["systems"].items()}
+    if not any(f["greedy_one"] or f["bucketed"] for f in rows.values()):
         return []
-    lines = ["", "### Decoding, round by round (sentences/s; qkv / peer)", ""]
+    k, threads = results["args"]["beam"], results["args"]["threads"]
+    lines = [
+        "",
+        "## As shipped (beside the like-for-like figures, not instead of them)",
+        "",
+        f"Greedy one batch at a time on {threads} threads: how every peer decodes. As shipped: "
+        "the peers one batch at a time; qkv as `qkv translate` batches (its qkv side's "
+        "`map_batches`). Training on qkv's own batching: the same sentence pairs regrouped by "
+        "length (qkv's trainer's default), for qkv only; no peer is given it.",
+        "",
+        f"| system | greedy sent/s, one batch at a time | greedy sent/s, as shipped | "
+        f"beam-{k} sent/s, as shipped | train tok/s, qkv's bucketed batches (MFU) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, f in rows.items():
+        bucketed = f"{fmt(f['bucketed'])} ({fmt(f['mfu_bucketed'], 1)} %)" if f["bucketed"] else "—"
+        lines.append(
+            f"| {name} | {fmt(f['greedy_one'], 1)} | {fmt(f['greedy_shipped'], 1)} | "
+            f"{fmt(f['beam_shipped'], 1)} | {bucketed} |"
+        )
+    speeds = ["greedy_one", "greedy_shipped", "beam_shipped", "bucketed"]
+    return lines + ratio_rows(results, rows, speeds, [], 0)
+
+
+def batches(results: dict[str, Any]) -> list[str]:
+    """The training batches: the padded share, and whether every system had the same."""
+    trains = {
+        n: r["train"]["batches"] for n, r in results["systems"].items() if "batches" in r["train"]
+    }
+    if not trains:
+        return []
+    b = next(iter(trains.values()))
+    digests = {n: t["digest"] for n, t in trains.items()}
+
+    def share(side: str, p: dict[str, Any]) -> str:
+        padded, real = p[f"{side}_padded_tokens"], p[f"{side}_tokens"]
+        return f"{100 * p[f'{side}_pad_share']:.1f} % ({padded - real:,} of {padded:,} tokens)"
+
+    lines = [
+        "",
+        f"**Training batches.** {b['batches']} timed batches of {min(b['sentences'])}–"
+        f"{max(b['sentences'])} sentence pairs in random order, each padded to its longest "
+        f"sentence. Padded share (padding tokens / all tokens): source {share('src', b)}, "
+        f"target {share('tgt', b)}. A system that skips padding saves up to that share of the "
+        "work; one that computes every position does not.",
+    ]
+    if len(set(digests.values())) == 1:
+        lines[-1] += (
+            f" Every system trained on these very batches (digest {b['digest']}, taken in "
+            "each system's own process)."
+        )
+    else:
+        lines[-1] += (
+            " **The systems' training batches differ** ("
+            + ", ".join(f"{n} {d}" for n, d in digests.items())
+            + "): the training figures do not compare."
+        )
+    for name in qkv_systems(results):
+        p = results["systems"].get(name, {}).get("train", {}).get("bucketed", {}).get("padding")
+        if p:
+            lines.append(
+                f"{name}'s own length-bucketed batches of the same pairs ({p['batches']} timed): "
+                f"padded share source {share('src', p)}, target {share('tgt', p)}."
+            )
+    return lines
+
+
+def rounds(results: dict[str, Any]) -> list[str]:
+    """Each round's like-for-like decoding speeds, and qkv's ratio to each system round by
+    round."""
+    decoded = {n: r["decode"] for n, r in results["systems"].items() if "greedy" in r["decode"]}
+    if QKV not in decoded or len(decoded[QKV]["greedy"].get("rounds", [])) < 2:
+        return []
+    lines = ["", "### Decoding, round by round (like for like, sentences/s; qkv / system)", ""]
     for kind in ("greedy", "beam"):
-        own = decoded["qkv"].get(kind, {}).get("rounds")
+        own = decoded[QKV].get(kind, {}).get("rounds")
         if not own:
             continue
         cells = []
@@ -112,7 +248,7 @@ def rounds(results: dict[str, Any]) -> list[str]:
             if not speeds:
                 continue
             text = f"{name} " + ", ".join(fmt(x, 1) for x in speeds)
-            if name != "qkv":
+            if name != QKV:
                 ratios = (ratio(a, b) for a, b in zip(own, speeds, strict=True))
                 text += " (" + ", ".join(ratios) + ")"
             cells.append(text)
@@ -124,7 +260,7 @@ def pairs(results: dict[str, Any]) -> list[str]:
     if not results.get("pairs"):
         return []
     peak = results["peak"].get("peak_gflops")
-    n = results["systems"].get("qkv", {}).get("train", {}).get("params", {}).get("non_embedding")
+    n = results["systems"].get(QKV, {}).get("train", {}).get("params", {}).get("non_embedding")
     lines = [
         "",
         "### Interleaved in one process (qkv = A)",
@@ -148,18 +284,27 @@ def pairs(results: dict[str, Any]) -> list[str]:
                 lines.append(
                     f"| qkv MFU, interleaved | | {mfu:.1f} % | | {host_speed(results, p)} |"
                 )
-        for kind, d in p.get("decode", {}).items():
-            lines.append(
-                f"| {kind} sent/s | {p['b']} | {fmt(d['a_sentences_per_s'], 1)} | "
-                f"{fmt(d['b_sentences_per_s'], 1)} | {d['ratio']:.2f}× |"
-            )
+        for kind in ("greedy", "beam"):
+            found = p.get("decode", {}).get(kind)
+            if not found:
+                continue
+            speed = {(r["system"], r["workers"]): r for r in found}
+            for workers in sorted({r["workers"] for r in found}, reverse=True):
+                a, b = speed[p["a"], workers], speed[p["b"], workers]
+                way = f"{workers} at once" if workers > 1 else "one at a time"
+                lines.append(
+                    f"| {kind} sent/s, {way} ({workers} × {a['threads_each']} threads) | "
+                    f"{p['b']} | {fmt(a['sentences_per_s'], 1)} | "
+                    f"{fmt(b['sentences_per_s'], 1)} | "
+                    f"{ratio(a['sentences_per_s'], b['sentences_per_s'])} |"
+                )
     return lines
 
 
 def host_speed(results: dict[str, Any], pair: dict[str, Any]) -> str:
     """The pair phase's matmul probes beside those of qkv's own training phase: the MFU is
     against the peak of the peak phase, and a slower stretch of the host lowers it."""
-    own = results["systems"].get("qkv", {}).get("train", {}).get("probe_gflops") or []
+    own = results["systems"].get(QKV, {}).get("train", {}).get("probe_gflops") or []
     here = pair.get("probe_gflops") or []
     if not own or not here:
         return ""
@@ -169,86 +314,25 @@ def host_speed(results: dict[str, Any], pair: dict[str, Any]) -> str:
     )
 
 
-def workers(results: dict[str, Any]) -> list[str]:
-    """Decoding one batch at a time on N threads against N worker threads of one thread."""
-    w = results.get("workers")
-    if not w or "error" in w:
-        return ["", "Decoding in worker threads: failed (see the JSON)."] if w else []
-    kinds = [k for k in ("greedy", "beam") if k in w]
-    peer, n = w["peer"], w["workers"]
-    lines = [
-        "",
-        f"### Decoding {n} batches at once, in worker threads of one thread (`--workers {n}`), "
-        "interleaved",
-        "",
-        f"Both systems through qkv's `map_in_workers`; a pass decodes all {w['sentences']} "
-        "sentences. 1 × N: one batch at a time on N threads (as the peer ships); N × 1: qkv's "
-        "default. Ratios are against the peer one batch at a time and against the peer split "
-        "the same way.",
-        "",
-        "| system | workers × threads | "
-        + " | ".join(f"{k} sent/s | ×{peer} | ×{peer} split" for k in kinds)
-        + " |",
-        "|---|---|" + "---:|---:|---:|" * len(kinds),
-    ]
-    for index, row in enumerate(w[kinds[0]]):
-        cells = []
-        for kind in kinds:
-            rows = {(r["system"], r["workers"]): r["sentences_per_s"] for r in w[kind]}
-            value = w[kind][index]["sentences_per_s"]
-            cells += [fmt(value, 1), ratio(value, rows[(peer, 1)]), ratio(value, rows[(peer, n)])]
-        lines.append(
-            f"| {row['system']} | {row['workers']} × {row['threads_each']} | "
-            + " | ".join(cells)
-            + " |"
-        )
-    return lines
-
-
-def profile(results: dict[str, Any]) -> list[str]:
-    p = results.get("profile")
-    if not p or "error" in p:
-        return []
-    split = p["split_ms"]
-    lines = [
-        "",
-        "### Where a qkv training step goes (separate process, identical batches)",
-        "",
-        f"Wall clock per step over {p['steps']} steps: forward + loss "
-        f"{split['forward_loss']:.0f} ms, backward {split['backward']:.0f} ms, optimizer "
-        f"{split['optimizer']:.0f} ms. torch.profiler self-CPU time of one step:",
-        "",
-        "| category | % |",
-        "|---|---:|",
-    ]
-    lines += [f"| {k} | {v:.1f} |" for k, v in p["category_pct"].items()]
-    lines += [
-        "",
-        "Top ops (self ms, calls): "
-        + "; ".join(f"{o['op']} {o['self_ms']:.0f} ({o['calls']})" for o in p["top_ops"][:8]),
-    ]
-    return lines + decode_split(p.get("decode_split", {}))
-
-
-def decode_split(split: dict[str, Any]) -> list[str]:
-    """Milliseconds per decoding step by part (indented parts are inside the part above)."""
-    if not split:
-        return []
-    kinds = list(split)
-    parts = list(dict.fromkeys(part for kind in kinds for part in split[kind]["parts_ms"]))
-    lines = [
-        "",
-        "### Where a qkv decoding step goes (wall clock, ms per step)",
-        "",
-        f"| part | {' | '.join(kinds)} |",
-        "|---|" + "---:|" * len(kinds),
-        f"| **whole step** | {' | '.join(fmt(split[k]['step_ms'], 2) for k in kinds)} |",
-    ]
-    for part in parts:
-        cells = [split[k]["parts_ms"].get(part) for k in kinds]
-        depth = (len(part) - len(part.lstrip(" "))) // 2
-        name = "&nbsp;&nbsp;" * depth + ("↳ " if depth else "") + part.strip()
-        lines.append(f"| {name} | {' | '.join(fmt(c, 2) for c in cells)} |")
+def settings(results: dict[str, Any]) -> list[str]:
+    """How each system was set up, as its own processes reported it."""
+    lines = ["", "### Systems", ""]
+    for name, r in results["systems"].items():
+        train, decode = r.get("train", {}), r.get("decode", {})
+        meta = train.get("meta") or decode.get("meta") or {}
+        parts = [meta.get(k) for k in ("impl", "attention", "kv_cache") if meta.get(k)]
+        if train.get("optimizer"):
+            parts.append(f"optimizer {train['optimizer']}")
+        tuned = {x.get("allocator_tuned") for x in (train, decode) if "allocator_tuned" in x}
+        if tuned:
+            parts.append("allocator tuned" if tuned == {True} else "allocator NOT tuned")
+        package = train.get("qkv_package") or decode.get("qkv_package")
+        if package:
+            tree = results.get("trees", {}).get(name, {})
+            commit = tree.get("commit") or "no git commit"
+            dirty = ", with uncommitted changes" if tree.get("dirty") else ""
+            parts.append(f"package {package} ({commit}{dirty})")
+        lines.append(f"- **{name}**: " + "; ".join(parts) + ".")
     return lines
 
 
@@ -262,7 +346,6 @@ def load_lines(results: dict[str, Any]) -> list[str]:
         results["peak"],
         *(r[k] for r in results["systems"].values() for k in ("train", "decode")),
         *results.get("pairs", []),
-        *([results["workers"]] if "workers" in results else []),
     ]
     busy = [r["load_before"]["busy"] for r in phases if r.get("load_before")]
     probes = [x for r in phases for x in r.get("probe_gflops", [])]
@@ -283,7 +366,7 @@ def load_lines(results: dict[str, Any]) -> list[str]:
         )
     if probes:
         lines.append(
-            f"1024³ matmul probe during the phases: {min(probes):.0f}–"
+            f"Matmul probe during the phases: {min(probes):.0f}–"
             f"{max(probes):.0f} GFLOP/s (a low value means a core was taken)."
         )
     return lines
@@ -299,9 +382,44 @@ def peak_sentence(results: dict[str, Any]) -> str:
     return (
         f"Matmul peak ({dtype}, best square product of torch.mm and of oneDNN's matmul): "
         f"**{fmt(r['peak_gflops'], 1)} GFLOP/s** (oneDNN {fmt(max(r['onednn_gflops'].values()), 1)}"
-        f", torch.mm {fmt(mm, 1)}: the peak of the reference protocol, `peers.py`; an MFU "
-        f"against it is {r['peak_gflops'] / mm:.2f}× the one given here)."
+        f", torch.mm {fmt(mm, 1)}: the peak of the reference protocol; an MFU against it is "
+        f"{r['peak_gflops'] / mm:.2f}× the one given here)."
     )
+
+
+def protocol(results: dict[str, Any]) -> str:
+    a = results["args"]
+    n = split_workers(results)
+    text = (
+        "Training: not measured (`--no-train`). "
+        if a.get("no_train")
+        else f"Training: {a['warmup']} warm-up + {a['steps']} timed steps of "
+        f"≥{a['batch_tokens']} target tokens, median of {a['repeats']} passes; label "
+        "smoothing 0.1, attention dropout 0.0 and dropout 0.1 elsewhere for every system. "
+    )
+    if a.get("no_decode"):
+        return text + "Decoding: not measured (`--no-decode`)."
+    text += (
+        f"Decoding: {a['sentences']} sentences, batch {a['infer_batch']}, exactly "
+        f"{a['new_tokens']} new tokens, median of every pass of {a.get('decode_rounds', 1)} "
+        "round(s) (each system's phase once a round, in a fresh process, the systems taking "
+        "turns). "
+    )
+    if n > 1:
+        text += (
+            f"Greedy like for like: every system decodes {n} batches at once, each in a worker "
+            f"thread of {max(1, a['threads'] // n)} torch thread(s) (what `qkv translate` does "
+            "on a CPU, given to every peer too); beam search one batch at a time for every "
+            "system (qkv's default too)."
+        )
+    else:
+        text += "Every system decodes one batch at a time."
+    if a.get("device") == "cuda":
+        text += (
+            " On the GPU every timed batch first runs once untimed (a new shape's first step"
+            " costs about 0.4 s there, once per process)."
+        )
+    return text
 
 
 def render(results: dict[str, Any]) -> str:
@@ -324,35 +442,17 @@ def render(results: dict[str, Any]) -> str:
             else ""
         )
         + f". {peak_sentence(results)} "
-        "MFU = 6 × non-embedding parameters × non-pad target tokens/s / peak.",
+        "MFU = 6 × non-embedding parameters × non-pad target tokens/s / peak. Every worker "
+        f"process ran with the same environment and allocator ({results.get('allocator')}).",
         "",
-        (
-            "Training: not measured (`--no-train`). "
-            if a.get("no_train")
-            else f"Training: {a['warmup']} warm-up + {a['steps']} timed steps of "
-            f"≥{a['batch_tokens']} target tokens, median of {a['repeats']} passes; "
-            "label smoothing 0.1. "
-        )
-        + (
-            "Decoding: not measured (`--no-decode`)."
-            if a.get("no_decode")
-            else f"Decoding: {a['sentences']} sentences, batch {a['infer_batch']}, exactly "
-            f"{a['new_tokens']} new tokens, median of every pass of "
-            f"{a.get('decode_rounds', 1)} round(s) (each system's phase once a round, in a "
-            "fresh process, the systems taking turns)."
-        )
-        + (
-            " On the GPU every timed batch first runs once untimed (a new shape's first step"
-            " costs about 0.4 s there, once per process)."
-            if a.get("device") == "cuda"
-            else ""
-        ),
+        protocol(results),
+        *batches(results),
         "",
-        *table(results),
+        *headline(results),
+        *as_shipped(results),
         *rounds(results),
         *pairs(results),
-        *workers(results),
-        *profile(results),
+        *settings(results),
     ]
     if results.get("skipped_peers"):
         lines += ["", "Not installed, skipped: " + ", ".join(results["skipped_peers"]) + "."]

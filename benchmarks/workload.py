@@ -7,6 +7,7 @@ Ids 0..3 are special (pad, bos, eos, unk), as in `qkv.data.special`.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,10 +33,7 @@ class Shape:
 
 SHAPES = {
     "base": Shape(),
-    # the base model's layers and heads at a width of 16: what a decoding step costs in
-    # per-operation overhead alone (`profile_decode.py --shape narrow`)
-    "narrow": Shape(d_model=16, d_ff=16, src_vocab=64, tgt_vocab=64),
-    # for the smoke test: seconds, not minutes
+    # for the smoke tests: seconds, not minutes
     "tiny": Shape(
         d_model=32,
         n_heads=2,
@@ -119,3 +117,26 @@ def make_sources(n: int, seed: int, shape: Shape) -> list[np.ndarray]:
     """Source sentences to translate."""
     rng = np.random.RandomState(seed)
     return [make_sentence(rng, length, shape.src_vocab) for length in draw_lengths(rng, n)]
+
+
+def padding(batches: list[dict[str, np.ndarray]]) -> dict[str, float | int]:
+    """Real and padded token counts of the batches' sources and targets (labels), and the
+    padded share of each: padding tokens / all tokens."""
+    out: dict[str, float | int] = {"batches": len(batches)}
+    for side, key in (("src", "src"), ("tgt", "labels")):
+        total = sum(int(b[key].size) for b in batches)
+        real = sum(int((b[key] != PAD).sum()) for b in batches)
+        out[f"{side}_tokens"], out[f"{side}_padded_tokens"] = real, total
+        out[f"{side}_pad_share"] = (total - real) / total if total else 0.0
+    return out
+
+
+def digest(batches: list[dict[str, np.ndarray]]) -> str:
+    """A short hash of the batches' contents and shapes: equal digests, identical batches."""
+    h = hashlib.sha256()
+    for batch in batches:
+        for key in sorted(batch):
+            array = np.ascontiguousarray(batch[key], dtype=np.int64)
+            h.update(f"{key}{array.shape}".encode())
+            h.update(array.tobytes())
+    return h.hexdigest()[:16]

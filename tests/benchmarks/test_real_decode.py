@@ -155,19 +155,3 @@ def test_a_batch_of_zero_is_refused(
         real_decode.main(argv)
     assert exit_info.value.code == 2
     assert "--batch: expected an integer >= 1, got '0'" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("own_batching", [False, True])
-def test_screen_ab_decodes_a_run_both_ways(
-    real_decode: ModuleType, tiny_run: tuple[Path, Path, Path], own_batching: bool
-) -> None:
-    for name in ("screen_ab", "phases"):
-        sys.modules.pop(name, None)
-    import screen_ab
-
-    run, src, _ = tiny_run
-    argv = ["--run", str(run), "--src", str(src), "--passes", "1", "--threads", "1"]
-    out = screen_ab.main(
-        [*argv, "--infer-batch", "8"] + (["--own-batching"] if own_batching else [])
-    )
-    assert out["sentences"] == 24 and out["same_tokens"] == 24
