@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 from workload import BOS, EOS, PAD, Shape
 
+from qkv import fast
 from qkv.data.batching import (
     PairBatch,
     bucket_inputs,
@@ -89,10 +90,10 @@ class QkvSystem:
         self._graphs_dtype: torch.dtype | None = None
         self._weights: DecodingWeights | None = None
         config = model_config(shape)
-        self.model = Seq2SeqTransformer(config)
+        self.model = fast.apply(Seq2SeqTransformer(config))  # as `qkv train` and `Translator`
         self.meta = {
-            "impl": "qkv.model.Seq2SeqTransformer, post-norm, relu, sinusoidal positions, "
-            "untied (separate vocabularies)",
+            "impl": "qkv.model.Seq2SeqTransformer with qkv.fast applied, post-norm, relu, "
+            "sinusoidal positions, untied (separate vocabularies)",
             "attention": "F.scaled_dot_product_attention; attention_dropout "
             f"{config.attention_dropout} (qkv default, as in the paper)",
             "kv_cache": "yes (preallocated self-attention cache, cross K/V once)",
@@ -125,7 +126,7 @@ class QkvSystem:
         summed loss by the number of targets, as here)."""
         states = self.model.hidden(src, tgt_in)  # (B, T, D)
         logits, kept = nonpad_logits(self.model.output, states, labels, PAD)  # (M', V), (M',)
-        loss = smoothed_cross_entropy(logits, kept, LABEL_SMOOTHING, PAD, overwrite=True)
+        loss = smoothed_cross_entropy(logits, kept, LABEL_SMOOTHING, PAD)
         return loss / max(int((labels != PAD).sum()), 1)
 
     def graphed_step_function(
@@ -135,6 +136,7 @@ class QkvSystem:
         if not self.cuda_graphs:
             return None
         self.model.train()
+        fast.apply(self.model, packed=False)  # fixed shapes, as the trainer's graphed step
         graphed = GraphedStep(
             self.model, self.optimizer(lr), self.padded_loss, math.inf, autocast_dtype
         )

@@ -28,7 +28,7 @@ from qkv.tasks.classification import ClassificationData
 from qkv.tasks.dates import generate_date_pairs
 from qkv.training.graphed import GraphedStep
 from qkv.training.optimizer import adamw
-from tests.inference.helpers import EndingOften
+from tests.inference.helpers import EndingOften, ReferenceDecoder
 from tests.model.helpers import random_ids, tiny_config
 from tests.tasks.helpers import write_dates
 from tests.training.test_graphed import BATCHES, _task
@@ -135,11 +135,15 @@ def test_graph_replays_compute_the_eager_steps(model: Seq2SeqTransformer, bf16: 
     tolerance = 3e-2 if bf16 else 1e-4
     with torch.inference_mode(), torch.autocast("cuda", torch.bfloat16, enabled=bf16):
         eager, graphed = ModelDecoder(model, src, 7), StaticDecoder(model, src, 7, rows=8)
+        reference = ReferenceDecoder(model, src, 7)
         for t in range(7):
             rows = 4 if t == 0 else 8
             expected, found = eager.step(tgt[:rows, t]), graphed.step(tgt[:rows, t])  # (N, V)
             torch.testing.assert_close(found, expected, atol=tolerance, rtol=tolerance)
-            for decoder in (eager, graphed):
+            torch.testing.assert_close(
+                reference.step(tgt[:rows, t]), expected, atol=tolerance, rtol=tolerance
+            )
+            for decoder in (eager, graphed, reference):
                 decoder.select(expand if t == 0 else reorder)
         assert graphed.graph is not None
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch import nn
 
+import qkv.fast
 from qkv.fast.frozen_linear import FrozenLinear, frozen_copy
 from qkv.fast.linear import Linear
 from qkv.model.seq2seq import Seq2SeqTransformer
@@ -108,16 +109,19 @@ def test_frozen_copy_of_a_decoder_decodes_as_the_decoder(norm_first: bool, rows:
             torch.testing.assert_close(found, expected, atol=1e-5, rtol=1e-5)
 
 
-def test_frozen_copy_shares_the_parameters_and_leaves_the_module_as_it_was() -> None:
+@pytest.mark.parametrize("fast", [False, True], ids=["reference", "fast"])
+def test_frozen_copy_shares_the_parameters_and_leaves_the_module_as_it_was(fast: bool) -> None:
     model = Seq2SeqTransformer(tiny_config()).eval()
+    if fast:
+        qkv.fast.apply(model)
+    kind = Linear if fast else nn.Linear
     decoder = model.decoder
-    linears = _layers(decoder, Linear)
+    linears = _layers(decoder, kind)
     assert len(linears) == 2 * 6  # per layer: two attentions' in_proj and out_proj, two in the FFN
-    assert not _layers(model, nn.Linear)  # every linear layer of the model is qkv's `Linear`
     frozen = frozen_copy(decoder, 8)
     assert _layers(frozen, FrozenLinear) == linears
-    assert _layers(frozen, Linear) == [f"{name}.linear" for name in linears]
-    assert _layers(decoder, Linear) == linears and not _layers(decoder, FrozenLinear)
+    assert _layers(frozen, kind) == [f"{name}.linear" for name in linears]
+    assert _layers(decoder, kind) == linears and not _layers(decoder, FrozenLinear)
     assert [id(p) for p in frozen.parameters()] == [id(p) for p in decoder.parameters()]
     assert frozen.training is decoder.training is False
 
@@ -165,15 +169,20 @@ def test_reordered_only_keeps_the_plain_weight_where_it_cannot_reorder() -> None
         assert torch.equal(frozen(x), layer(x))
 
 
-def test_a_frozen_decoder_reorders_what_runs_every_step_not_the_sources_keys_values() -> None:
+def test_frozen_linear_without_the_reorder_operator_is_the_layer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fallback where this torch lacks oneDNN's private reorder operator."""
+
+    def missing(*args: object) -> None:
+        raise AttributeError("no such operator")
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", missing)
     torch.manual_seed(0)
-    model = Seq2SeqTransformer(tiny_config()).eval()
-    frozen = frozen_copy(model, 8, keep=("encoder",))
-    src, tgt = random_ids(8, 6), random_ids(8, 1)
-    with torch.inference_mode():
-        memory, src_mask, _ = frozen.encode(src)
-        frozen.decoder.step(tgt, frozen.init_cache(memory, src_mask, max_len=2))
-    for layer in frozen.decoder.layers:
-        cross = layer.cross_attn.in_proj
-        assert list(cross._parts) == [(0, model.config.d_model)]  # the queries' rows alone
-        assert all(isinstance(m, FrozenLinear) for m in (layer.self_attn.in_proj, cross))
+    layer = nn.Linear(16, 12)
+    frozen = FrozenLinear(layer, rows=8)
+    x = torch.randn(8, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(frozen(x), layer(x))
+        torch.testing.assert_close(frozen(x, relu=True), torch.relu(layer(x)))
+    assert frozen.blocked is None and not frozen.reorders

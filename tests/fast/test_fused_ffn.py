@@ -1,11 +1,16 @@
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
+from torch import Tensor, nn
 
-from qkv.fast.compiled import allow
+import qkv.fast
 from qkv.fast import fused_ffn
-from qkv.fast.dropout import HASHED_MIN
+from qkv.fast.compiled import allow
+from qkv.fast.dropout import HASHED_MIN, dropped_levels
+from qkv.fast.fused_ffn import FusedFeedForward
 from qkv.model.layers import FeedForward
 
 D, F = 32, 1024
@@ -13,12 +18,31 @@ ROWS = HASHED_MIN // F + 44  # enough hidden elements to hash; not a padded row 
 PADDED_ROWS = 320  # as packed batches come on a CPU: `padded_rows(320) == 320`
 
 
+def fast_ffn(p: float, activation: str = "relu") -> FusedFeedForward:
+    """A feed-forward network made fast: `FusedFeedForward` around qkv's `Linear` and
+    `Dropout`."""
+    ffn = qkv.fast.apply(FeedForward(D, F, p, activation))
+    assert isinstance(ffn, FusedFeedForward)
+    return ffn
+
+
+class FixedMask(nn.Module):
+    """Dropout with a given multiplier (0 or 1 / keep probability per element)."""
+
+    def __init__(self, multiplier: Tensor) -> None:
+        super().__init__()
+        self.multiplier = multiplier
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.multiplier
+
+
 def _run(ffn: FeedForward, x: torch.Tensor, seed: int) -> tuple[torch.Tensor, ...]:
     """Output and gradients of one forward and backward under `seed`."""
     torch.manual_seed(seed)
     x = x.clone().requires_grad_(True)
     out = ffn(x)
-    out.backward(torch.randn_like(out))
+    out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)))
     grads = [x.grad, *(p.grad for p in ffn.parameters())]
     ffn.zero_grad(set_to_none=True)
     return out.detach(), *(g for g in grads if g is not None)
@@ -29,7 +53,7 @@ def test_fused_equals_the_three_layers_forward_and_backward(
     p: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     torch.manual_seed(0)
-    ffn = FeedForward(D, F, p).train()
+    ffn = fast_ffn(p).train()
     x = torch.randn(2, ROWS // 2, D)
     assert fused_ffn.applies(x, ffn.linear1.weight, ffn.linear1.bias, p)
     calls: list[int] = []
@@ -57,12 +81,39 @@ def test_fused_equals_the_three_layers_forward_and_backward(
     assert torch.equal(fused_hidden == 0, dropped == 0)
 
 
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_fused_equals_the_reference_network_under_the_same_mask(p: float) -> None:
+    torch.manual_seed(0)
+    ffn = fast_ffn(p).train()
+    reference = qkv.fast.reference(copy.deepcopy(ffn))
+    assert type(reference.linear1) is nn.Linear and type(reference.dropout) is nn.Dropout
+    x = torch.randn(ROWS, D)
+    torch.manual_seed(7)
+    kept = fused_ffn.linear_relu_dropout(x, ffn.linear1.weight, ffn.linear1.bias, p) != 0
+    scale = 65536 / (65536 - dropped_levels(p))
+    reference.dropout = FixedMask(kept * scale)  # type: ignore[assignment]
+    got, expected = _run(ffn, x, seed=7), _run(reference, x, seed=7)
+    assert len(got) == len(expected) == 6
+    for mine, theirs in zip(got, expected, strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["eval", "p0"])
+def test_without_dropout_fused_is_the_reference_network(case: str) -> None:
+    torch.manual_seed(0)
+    ffn = fast_ffn(0.0 if case == "p0" else 0.1).train(case == "p0")
+    reference = qkv.fast.reference(copy.deepcopy(ffn))
+    x = torch.randn(ROWS, D)
+    for mine, theirs in zip(_run(ffn, x, seed=1), _run(reference, x, seed=1), strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
+
+
 def test_fused_backward_keeps_less() -> None:
     """The fused step keeps its input rows and its output, which the second layer keeps too
     (the same tensor, at a padded row count); the three layers keep the ReLU's output
     besides."""
     torch.manual_seed(0)
-    ffn = FeedForward(D, F, 0.1).train()
+    ffn = fast_ffn(0.1).train()
     x = torch.randn(PADDED_ROWS, D)
 
     def saved_bytes(fused: bool) -> int:
@@ -90,10 +141,10 @@ def test_the_three_layers_where_fusing_does_not_apply(
     case: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     torch.manual_seed(0)
-    ffn = FeedForward(D, F, 0.0 if case == "p0" else 1.0 if case == "p1" else 0.1)
+    ffn = fast_ffn(0.0 if case == "p0" else 1.0 if case == "p1" else 0.1)
     ffn.train(case != "eval")
     if case == "gelu":
-        ffn = FeedForward(D, F, 0.1, activation="gelu").train()
+        ffn = fast_ffn(0.1, activation="gelu").train()
     x = torch.randn(8 if case == "small" else ROWS, D)
     if case == "float64":
         ffn, x = ffn.double(), x.double()

@@ -1,11 +1,13 @@
 import pytest
 import torch
+import torch.nn.functional as F
 
 import qkv.fast.grid as grid
-from qkv.model.attention import short_attention
-from qkv.model.masks import decoder_self_mask, padding_mask
-from qkv.fast.packed_attention import packed_attention, packed_attention_applies
+from qkv.fast.packed_attention import _softmax_grad, packed_attention, packed_attention_applies
 from qkv.fast.packing import Packing
+from qkv.model.masks import decoder_self_mask, padding_mask
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 HEADS, WIDTH = 4, 32
 
@@ -24,7 +26,7 @@ def reference(
     rows: Packing,
     memory_rows: Packing,
 ) -> torch.Tensor:
-    """The autograd path: unpack, split the heads, attend, merge, pack."""
+    """The autograd path: unpack, split the heads, attend (the fused kernel), merge, pack."""
 
     def heads(x: torch.Tensor) -> torch.Tensor:
         batch, length, _ = x.shape
@@ -35,7 +37,7 @@ def reference(
     else:
         q = heads(rows.unpack(queries))
         k, v = map(heads, memory_rows.unpack(keys_values).chunk(2, dim=-1))
-    context = short_attention(q, k, v, mask)  # (B, H, T, K)
+    context = F.scaled_dot_product_attention(q, k, v, mask)  # (B, H, T, K)
     return rows.pack(context.transpose(1, 2).flatten(2))  # (M', D)
 
 
@@ -158,3 +160,14 @@ def test_the_groups_masks_are_made_once_for_the_layers_of_a_batch(
     assert len(made) == calls and torch.equal(first, second)
     packed_attention(queries, None, mask.clone(), rows, rows, HEADS)  # another mask
     assert len(made) == 2 * calls
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.25])
+def test_the_softmax_gradient_is_autograds(scale: float) -> None:
+    scores = torch.randn(3, 4, 5, requires_grad=True)
+    scores.data[0, 1, 2:] = -1e9  # masked keys: weights of exactly zero
+    weights = torch.softmax(scores, dim=-1)
+    grad = torch.randn(3, 4, 5)
+    (expected,) = torch.autograd.grad(weights, scores, grad)
+    got = _softmax_grad(grad, weights.detach(), scale)
+    torch.testing.assert_close(got, expected * scale, atol=1e-6, rtol=1e-5)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
+from qkv import fast
 from qkv.data.tokenizer import Tokenizer
 from qkv.errors import ConfigError
 from qkv.inference.classifier import Classifier
@@ -37,6 +40,14 @@ def test_a_model_left_in_training_mode_gives_the_same_probabilities(
         assert classifier.model.training  # and the mode stays the caller's
     finally:
         classifier.model.eval()
+
+
+def test_a_model_turned_fast_gives_the_reference_probabilities(classifier: Classifier) -> None:
+    """`Classifier.load` classifies with the model that `qkv.fast.apply` turned fast."""
+    model = fast.apply(copy.deepcopy(classifier.model))
+    quick = Classifier(model, classifier.tokenizer, classifier.data, classifier.device)  # type: ignore[arg-type]
+    texts = [*TEXTS, "a film", "too long, far too long and slow, and dull"]
+    torch.testing.assert_close(quick.probabilities(texts), classifier.probabilities(texts))
 
 
 def test_texts_may_come_from_a_generator(classifier: Classifier) -> None:

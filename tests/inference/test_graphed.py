@@ -1,18 +1,22 @@
-"""The fixed-shape decoder: its steps, run eagerly on the CPU, decode what `ModelDecoder`
-decodes. (The same steps replayed as CUDA graphs are checked in tests/test_cuda.py.)"""
+"""The fixed-shape decoder: its steps, run eagerly on the CPU, decode what the reference
+decoding decodes. (The same steps replayed as CUDA graphs are checked in tests/test_cuda.py.)"""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from qkv.data.special import BOS_ID, PAD_ID
 from qkv.inference.beam import beam_search
 from qkv.inference.graphed import StaticDecoder, make_decoder
 from qkv.inference.incremental import ModelDecoder
 from qkv.inference.search import greedy_search, sample
 from qkv.inference.translate import DecodeOptions, translate_ids
 from qkv.model.seq2seq import Seq2SeqTransformer
+from tests.inference.helpers import ReferenceDecoder, fast_copy, tokens_of
 from tests.model.helpers import random_ids, tiny_config
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(params=["post-norm", "pre-norm, learned positions"])
@@ -28,58 +32,62 @@ def model(request: pytest.FixtureRequest) -> Seq2SeqTransformer:
 def src() -> torch.Tensor:
     torch.manual_seed(1)
     ids = random_ids(6, 9, vocab=60)
-    ids[1, 4:] = 0
-    ids[3, 2:] = 0
+    ids[1, 4:] = PAD_ID
+    ids[3, 2:] = PAD_ID
+    ids[4] = PAD_ID  # no real token at all
     return ids  # (B, S)
 
 
-MAX_LENGTHS = torch.tensor([5, 12, 3, 20, 1, 8])
+MAX_LENGTHS = torch.tensor([5, 12, 1, 20, 9, 8])
 
 
 @torch.inference_mode()
-def test_steps_match_the_full_forward_through_expansion_reorder_and_drops(
-    model: Seq2SeqTransformer, src: torch.Tensor
+@pytest.mark.parametrize("fast_modules", [False, True], ids=["reference", "fast"])
+def test_steps_compute_the_reference_logits_through_expansion_reorder_and_drops(
+    model: Seq2SeqTransformer, src: torch.Tensor, fast_modules: bool
 ) -> None:
-    decoder = StaticDecoder(model, src[:3], max_steps=6, rows=6, graph=False)
-    sources = torch.arange(3)  # the source of each row in use
-    history = torch.full((3, 1), 1)  # tokens fed so far, BOS first
-    for rows in ([0, 0, 1, 1, 2, 2], [1, 0, 3, 3, 4, 5], [0, 1, 4, 5], [3, 0, 0], [2]):
-        logits = decoder.step(history[:, -1])  # (N, V)
-        full = model(src[:3][sources], history)[:, -1]  # (N, V)
-        torch.testing.assert_close(logits, full, atol=1e-5, rtol=1e-5)
-        index = torch.tensor(rows)
-        decoder.select(index)
-        sources = sources[index]
-        history = torch.cat([history[index], random_ids(len(rows), 1, vocab=60)], dim=1)
+    """Also for the model turned fast by `qkv.fast.apply`, as `Translator.load` gives it."""
+    static = StaticDecoder(fast_copy(model) if fast_modules else model, src, 6, 12, graph=False)
+    expected = ReferenceDecoder(model, src, 6)
+    tokens = torch.full((6,), BOS_ID)  # (N,)
+    for rows in (
+        torch.arange(6).repeat_interleave(2),  # beams of 2
+        torch.tensor([1, 0, 2, 2, 5, 4, 6, 6, 9, 8, 11, 10]),  # siblings swap and copy
+        torch.tensor([0, 1, 4, 5, 8, 9]),  # sentences 1, 3 and 5 done
+        torch.tensor([3, 0, 0, 4, 5, 5]),
+        torch.tensor([2]),
+    ):
+        torch.testing.assert_close(static.step(tokens), expected.step(tokens), atol=1e-5, rtol=1e-5)
+        for decoder in (static, expected):
+            decoder.select(rows)
+        tokens = random_ids(len(rows), 1, vocab=60)[:, 0]  # (N',)
 
 
 @torch.inference_mode()
 @pytest.mark.parametrize("beam_size", [1, 3, 5])
-def test_beam_search_finds_what_model_decoder_finds(
+def test_beam_search_finds_what_the_reference_finds(
     model: Seq2SeqTransformer, src: torch.Tensor, beam_size: int
 ) -> None:
     static_decoder = StaticDecoder(model, src, 21, src.size(0) * beam_size, graph=False)
-    eager = beam_search(ModelDecoder(model, src, 21), 6, beam_size, MAX_LENGTHS)
+    expected = beam_search(ReferenceDecoder(model, src, 21), 6, beam_size, MAX_LENGTHS)
     static = beam_search(static_decoder, 6, beam_size, MAX_LENGTHS)
-    assert [[h.tokens for h in hyps] for hyps in static] == [
-        [h.tokens for h in hyps] for hyps in eager
-    ]
-    for found, expected in zip(static, eager, strict=True):
-        for a, b in zip(found, expected, strict=True):
+    assert tokens_of(static) == tokens_of(expected)
+    for found, others in zip(static, expected, strict=True):
+        for a, b in zip(found, others, strict=True):
             assert a.score == pytest.approx(b.score, abs=1e-4)
 
 
 @torch.inference_mode()
-def test_greedy_search_and_sampling_find_what_model_decoder_finds(
+def test_greedy_search_and_sampling_find_what_the_reference_finds(
     model: Seq2SeqTransformer, src: torch.Tensor
 ) -> None:
-    eager = ModelDecoder(model, src, 21)
+    expected = greedy_search(ReferenceDecoder(model, src, 21), 6, MAX_LENGTHS)
     assert greedy_search(StaticDecoder(model, src, 21, 6, graph=False), 6, MAX_LENGTHS) == (
-        greedy_search(eager, 6, MAX_LENGTHS)
+        expected
     )
     drawn = [
         sample(decoder, 6, MAX_LENGTHS, top_k=5, generator=torch.Generator().manual_seed(2))
-        for decoder in (ModelDecoder(model, src, 21), StaticDecoder(model, src, 21, 6, False))
+        for decoder in (ReferenceDecoder(model, src, 21), StaticDecoder(model, src, 21, 6, False))
     ]
     assert drawn[0] == drawn[1]
 

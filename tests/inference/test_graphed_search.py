@@ -9,11 +9,12 @@ import torch
 from qkv.errors import ConfigError
 from qkv.inference.beam import Hypothesis, beam_search
 from qkv.inference.graphed_search import graphed_beam_search, graphed_greedy_search
-from qkv.inference.incremental import ModelDecoder
 from qkv.inference.search import greedy_search
 from qkv.model.seq2seq import Seq2SeqTransformer
-from tests.inference.helpers import decoder, tokens_of
+from tests.inference.helpers import ReferenceDecoder, decoder, tokens_of
 from tests.model.helpers import random_ids, tiny_config
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 MAX_LENGTHS = torch.tensor([5, 12, 3, 20, 1, 8, 0, 15])
 """Budgets from none at all to the decoder's whole length."""
@@ -49,8 +50,8 @@ def test_beam_search_finds_what_the_host_driven_search_finds(
         [(h.score, h.log_prob) for h in hyps] for hyps in expected
     ]
     if eos_bias == 0.0:
-        eager = beam_search(ModelDecoder(model, src, 20), 8, beam_size, MAX_LENGTHS)
-        assert tokens_of(found) == tokens_of(eager)
+        reference = beam_search(ReferenceDecoder(model, src, 20), 8, beam_size, MAX_LENGTHS)
+        assert tokens_of(found) == tokens_of(reference)
 
 
 @torch.inference_mode()
@@ -78,7 +79,7 @@ def test_greedy_search_finds_what_the_host_driven_search_finds(
     found = graphed_greedy_search(decoder(model, src, 20, 8, eos_bias), 8, MAX_LENGTHS)
     assert found == expected
     if eos_bias == 0.0:
-        assert found == greedy_search(ModelDecoder(model, src, 20), 8, MAX_LENGTHS)
+        assert found == greedy_search(ReferenceDecoder(model, src, 20), 8, MAX_LENGTHS)
     else:  # some sentences ended before their budget
         assert any(len(t) < n for t, n in zip(found, MAX_LENGTHS.tolist(), strict=True))
 

@@ -1,20 +1,132 @@
-"""`ModelDecoder` and the `DecodingWeights` that its batches share."""
+"""`ModelDecoder` (frozen weights, attention over the cache as two products, screened argmax)
+decodes what the reference decoding decodes (`model.decode_step` over `model.init_cache`); the
+`DecodingWeights` that its batches share."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from qkv.data.special import EOS_ID
+from qkv.data.special import BOS_ID, EOS_ID, PAD_ID
+from qkv.fast.frozen_linear import cpu_bf16_matmuls
 from qkv.inference.beam import beam_search
 from qkv.inference.incremental import DecodingWeights, ModelDecoder
-from qkv.inference.search import greedy_search
-from qkv.fast.frozen_linear import FrozenLinear
+from qkv.inference.search import greedy_search, sample
 from qkv.model.seq2seq import Seq2SeqTransformer
+from tests.inference.helpers import ReferenceDecoder, fast_copy, shared_prefixes, tokens_of
 from tests.model.helpers import random_ids, tiny_config
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+MAX_LENGTHS = torch.tensor([5, 12, 3, 20, 7, 8])
+"""Budgets of generated tokens, one per source of `src`."""
+
+
+@pytest.fixture(params=["post-norm", "pre-norm, learned positions", "fast modules"])
+def models(request: pytest.FixtureRequest) -> tuple[Seq2SeqTransformer, Seq2SeqTransformer]:
+    """The reference model, and the model that `ModelDecoder` decodes with: the same one, or
+    a copy turned fast by `qkv.fast.apply` (as `Translator.load` gives)."""
+    torch.manual_seed(0)
+    if request.param == "pre-norm, learned positions":
+        config = tiny_config(vocab_size=60, max_len=40, norm_first=True, positions="learned")
+    else:
+        config = tiny_config(vocab_size=60, max_len=40)
+    model = Seq2SeqTransformer(config).eval()
+    return model, fast_copy(model) if request.param == "fast modules" else model
+
+
+@pytest.fixture
+def src() -> torch.Tensor:
+    """Six sources, two of them padded and one all padding."""
+    torch.manual_seed(1)
+    ids = random_ids(6, 9, vocab=60)
+    ids[1, 4:] = PAD_ID
+    ids[3, 2:] = PAD_ID
+    ids[4] = PAD_ID  # no real token at all
+    return ids  # (B, S)
+
+
+@torch.inference_mode()
+def test_steps_compute_the_reference_logits_through_expansion_reorder_and_drops(
+    models: tuple[Seq2SeqTransformer, Seq2SeqTransformer], src: torch.Tensor
+) -> None:
+    """Rows expand into groups of beams, swap, drop out and spread over the sources again;
+    the `held` steps of a moved row are not copied, and need not be (the reference copies
+    every step)."""
+    reference, model = models
+    fast = ModelDecoder(model, src, 8)
+    expected = ReferenceDecoder(reference, src, 8, use_held=False)
+    sources = torch.arange(6)  # (N,) the source of each row
+    history = torch.full((6, 1), BOS_ID)  # (N, t) the tokens fed so far
+    generator = torch.Generator().manual_seed(2)
+    for rows in (
+        torch.arange(6).repeat_interleave(2),  # beams of 2: rows in groups of one source
+        torch.tensor([1, 0, 2, 2, 5, 4, 6, 6, 9, 8, 11, 10]),  # siblings swap and copy
+        torch.tensor([0, 1, 4, 5, 8, 9]),  # sentences 1, 3 and 5 done
+        torch.tensor([3, 0, 0, 4, 5, 5]),  # no longer in groups
+        torch.tensor([5, 3, 0, 1, 2, 4, 4, 0]),  # more rows than before
+        torch.tensor([6]),
+    ):
+        tokens = history[:, -1]  # (N,)
+        torch.testing.assert_close(fast.step(tokens), expected.step(tokens), rtol=1e-4, atol=1e-4)
+        held = shared_prefixes(history, sources, rows)  # (N',)
+        fast.select(rows, held)
+        expected.select(rows)
+        sources = sources[rows]
+        # Few distinct tokens: siblings often share their first steps.
+        new = torch.randint(5, 8, (len(rows), 1), generator=generator)
+        history = torch.cat([history[rows], new], dim=1)
+
+
+@torch.inference_mode()
+def test_greedy_search_and_sampling_find_what_the_reference_finds(
+    models: tuple[Seq2SeqTransformer, Seq2SeqTransformer], src: torch.Tensor
+) -> None:
+    reference, model = models
+    expected = greedy_search(ReferenceDecoder(reference, src, 21), 6, MAX_LENGTHS)
+    assert greedy_search(ModelDecoder(model, src, 21), 6, MAX_LENGTHS) == expected
+    assert sum(map(len, expected)) > 0
+    drawn = [
+        sample(decoder, 6, MAX_LENGTHS, top_k=5, seeds=range(6))
+        for decoder in (ModelDecoder(model, src, 21), ReferenceDecoder(reference, src, 21))
+    ]
+    assert drawn[0] == drawn[1]
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("beam_size", [2, 5])
+def test_beam_search_finds_what_the_reference_finds(
+    models: tuple[Seq2SeqTransformer, Seq2SeqTransformer], src: torch.Tensor, beam_size: int
+) -> None:
+    """Beam search reorders the rows at every step, passing what each place holds already,
+    and drops finished sentences."""
+    reference, model = models
+    found = beam_search(ModelDecoder(model, src, 21), 6, beam_size, MAX_LENGTHS)
+    expected = beam_search(
+        ReferenceDecoder(reference, src, 21, use_held=False), 6, beam_size, MAX_LENGTHS
+    )
+    assert tokens_of(found) == tokens_of(expected)
+    for hyps, others in zip(found, expected, strict=True):
+        assert [h.score for h in hyps] == pytest.approx([h.score for h in others], abs=1e-4)
+
+
+@torch.inference_mode()
+def test_greedy_search_screens_the_argmax_and_finds_what_the_reference_finds() -> None:
+    """A vocabulary and a batch large enough for the bf16 screen (where this CPU multiplies
+    bf16 natively), rows that finish at many steps."""
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(tiny_config(vocab_size=1100, max_len=24)).eval()
+    src = random_ids(32, 6, vocab=1100)
+    src[5, 2:] = PAD_ID
+    budgets = torch.randint(0, 16, (32,), generator=torch.Generator().manual_seed(3))
+    decoder = ModelDecoder(model, src, 16)
+    found = greedy_search(decoder, 32, budgets)
+    assert found == greedy_search(ReferenceDecoder(model, src, 16), 32, budgets)
+    assert (decoder.output.rounded is not None) == cpu_bf16_matmuls()  # it did screen
 
 
 def greedy(model: Seq2SeqTransformer, src: torch.Tensor, weights: DecodingWeights | None) -> list:
+    """Nine tokens for each source (EOS is never chosen)."""
     budget = torch.full((src.size(0),), 9, dtype=torch.long)
     decoder = ModelDecoder(model, src, 10, (EOS_ID,), weights)
     return greedy_search(decoder, src.size(0), budget)
@@ -33,28 +145,26 @@ def test_batches_sharing_decoding_weights_decode_as_batches_with_their_own() -> 
         assert weights.frozen(64) == made  # the same objects: nothing made again
 
 
-def test_the_model_with_a_frozen_decoder_encodes_and_caches_as_the_model_does() -> None:
+@pytest.mark.parametrize("fast_modules", [False, True], ids=["reference", "fast"])
+def test_decoding_leaves_the_model_as_it_was(fast_modules: bool) -> None:
+    """The frozen weights are the model's own, in a copy of its module tree: the model keeps
+    its modules, its parameters and its numbers."""
     torch.manual_seed(0)
     model = Seq2SeqTransformer(tiny_config(vocab_size=60)).eval()
+    model = fast_copy(model) if fast_modules else model
     src = random_ids(5, 7, vocab=60)
-    src[1, 4:] = model.config.pad_id
+    src[1, 3:] = PAD_ID
+    tgt = random_ids(5, 4, vocab=60)
+    classes = [(name, type(module)) for name, module in model.named_modules()]
+    parameters = {name: (p, p.detach().clone()) for name, p in model.named_parameters()}
     with torch.inference_mode():
-        decoder = ModelDecoder(model, src, 10)
-        memory, src_mask, _ = model.encode(src)
-        cache = model.init_cache(memory, src_mask, 10)
-    frozen, _ = DecodingWeights(model).frozen(5)
-    assert frozen.encoder is model.encoder  # run once per batch: not frozen
-    assert isinstance(frozen.decoder.layers[0].cross_attn.in_proj, FrozenLinear)
-    assert frozen.decoder.layers[0].ffn.linear1.weight is model.decoder.layers[0].ffn.linear1.weight
-    assert isinstance(model.decoder.layers[0].ffn.linear1, torch.nn.Linear)  # left as it was
-    assert not isinstance(model.decoder.layers[0].ffn.linear1, FrozenLinear)
-    for ours, theirs in zip(
-        decoder.cache.cross_keys + decoder.cache.cross_values,
-        cache.cross_keys + cache.cross_values,
-        strict=True,
-    ):
-        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
-    assert torch.equal(decoder.cache.src_mask, cache.src_mask)
+        before = model(src, tgt)  # (B, T, V)
+        greedy(model, src, None)
+        beam_search(ModelDecoder(model, src, 10), 5, 3, torch.full((5,), 9))
+        torch.testing.assert_close(model(src, tgt), before, rtol=0, atol=0)
+    assert [(name, type(module)) for name, module in model.named_modules()] == classes
+    for name, p in model.named_parameters():
+        assert p is parameters[name][0] and torch.equal(p, parameters[name][1]), name
 
 
 def test_weights_that_are_inference_tensors_are_made_every_time() -> None:
@@ -111,7 +221,7 @@ def test_decoding_with_autograd_on_gives_the_tokens_of_inference_mode() -> None:
     def beams() -> list:
         budget = torch.full((src.size(0),), 9, dtype=torch.long)
         found = beam_search(ModelDecoder(model, src, 10, (EOS_ID,)), src.size(0), 3, budget)
-        return [[hypothesis.tokens for hypothesis in sentence] for sentence in found]
+        return tokens_of(found)
 
     with torch.inference_mode():
         expected = greedy(model, src, None), beams()

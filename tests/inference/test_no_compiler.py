@@ -1,4 +1,5 @@
-"""Decoding loads no compiler: torch.compile's machinery, once imported, holds some 120 MB."""
+"""Decoding loads no compiler (torch.compile's machinery, once imported, holds some 120 MB),
+with the reference model or with the model turned fast, as `Translator.load` gives it."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import sys
 
 SCRIPT = """
 import sys, torch
+from qkv import fast
 from qkv.inference.translate import DecodeOptions, translate_ids
 from qkv.model.config import ModelConfig
 from qkv.model.seq2seq import Seq2SeqTransformer
@@ -17,8 +19,10 @@ config = ModelConfig(
 )
 model = Seq2SeqTransformer(config)
 sources = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
-for beam in (1, 3):
-    translate_ids(model, sources, DecodeOptions(beam_size=beam, max_len_b=5), torch.device("cpu"))
+for decoded in (model, fast.apply(model)):
+    for beam in (1, 3):
+        options = DecodeOptions(beam_size=beam, max_len_b=5)
+        translate_ids(decoded, sources, options, torch.device("cpu"))
 print(sorted(name for name in ("torch._dynamo", "torch._inductor") if name in sys.modules))
 """
 

@@ -1,4 +1,4 @@
-"""The decoding output layer: its logits, and their argmax through the bf16 and int8 screens."""
+"""The decoding output layer: its logits, and their argmax through the bf16 screen."""
 
 from __future__ import annotations
 
@@ -6,20 +6,9 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from qkv.data.special import EOS_ID
-from qkv.inference import output_layer
-from qkv.inference.incremental import ModelDecoder
-from qkv.inference.output_layer import (
-    MAX_INT8_D,
-    MIN_ROWS,
-    MIN_VOCAB,
-    OutputLayer,
-    int8_matmuls_exact,
-)
-from qkv.inference.search import greedy_search
 from qkv.fast.frozen_linear import cpu_bf16_matmuls
-from qkv.model.seq2seq import Seq2SeqTransformer
-from tests.model.helpers import random_ids, tiny_config
+from qkv.inference import output_layer
+from qkv.inference.output_layer import MIN_ROWS, MIN_VOCAB, OutputLayer
 
 
 def layer(vocab_size: int, d: int = 64, bias: bool = False, seed: int = 0) -> nn.Linear:
@@ -31,20 +20,6 @@ def layer(vocab_size: int, d: int = 64, bias: bool = False, seed: int = 0) -> nn
     return made
 
 
-QUANTIZE = pytest.mark.parametrize("quantize", [False, True], ids=["bf16", "int8"])
-"""Each screen: bf16, and int8 (where the layer and this CPU allow it; bf16 elsewhere)."""
-
-
-def made(output: OutputLayer) -> Tensor | None:
-    """The screen's copy of the weight, bf16 or int8, once made."""
-    return output.quantized if output.rounded is None else output.rounded.linear.weight
-
-
-def int8_expected(quantize: bool, linear: nn.Linear) -> bool:
-    """Whether a layer with `quantize` screens in int8 on this machine."""
-    return quantize and linear.bias is None and int8_matmuls_exact()
-
-
 def states(rows: int, d: int = 64, seed: int = 1) -> Tensor:
     """Rows like a decoder's: layer-normed, with a few large coordinates."""
     generator = torch.Generator().manual_seed(seed)
@@ -53,27 +28,24 @@ def states(rows: int, d: int = 64, seed: int = 1) -> Tensor:
     return nn.functional.layer_norm(x, (d,))
 
 
-@QUANTIZE
 @pytest.mark.parametrize(
     ("vocab_size", "bias", "rows"),
     [(1000, False, 64), (1027, True, 33), (130, True, 5), (4096, False, 320), (1027, False, 7)],
 )
 def test_screened_argmax_is_the_argmax_of_the_float32_logits(
-    vocab_size: int, bias: bool, rows: int, quantize: bool
+    vocab_size: int, bias: bool, rows: int
 ) -> None:
     linear = layer(vocab_size, bias=bias)
-    output = OutputLayer(linear, rows, screen=True, quantize=quantize)
+    output = OutputLayer(linear, rows, screen=True)
     x = states(rows)
     with torch.inference_mode():
         assert torch.equal(output.argmax(x), output.logits(x).argmax(dim=-1))
-        assert made(output) is not None  # it did screen
-    assert (output.quantized is not None) == int8_expected(quantize, linear)
-    if output.rounded is not None:  # held in one layout: reordered, where bf16 is native
-        assert output.rounded.plain == (output.rounded.blocked is None)
+    rounded = output.rounded
+    assert rounded is not None  # it did screen
+    assert rounded.plain == (rounded.blocked is None)  # held in one layout: reordered, if it can be
 
 
-@QUANTIZE
-def test_the_screen_keeps_every_token_within_its_error_bound(quantize: bool) -> None:
+def test_the_screen_keeps_every_token_within_its_error_bound() -> None:
     """Near-ties inside the screen's error: several tokens are candidates, float32 decides."""
     d, vocab_size = 64, 1024
     linear = layer(vocab_size, d)
@@ -81,7 +53,7 @@ def test_the_screen_keeps_every_token_within_its_error_bound(quantize: bool) -> 
         base = linear.weight[7].clone()
         for i, token in enumerate((100, 300, 700, 1000)):  # within bf16 rounding of token 7
             linear.weight[token] = base * (1 + (i + 1) * 2e-4)
-    output = OutputLayer(linear, 8, screen=True, quantize=quantize)
+    output = OutputLayer(linear, 8, screen=True)
     x = base.repeat(8, 1) + 0.01 * torch.randn(8, d)
     with torch.inference_mode():
         exact = output.logits(x)
@@ -104,67 +76,7 @@ def test_the_screened_logits_stay_within_the_bound(d: int, vocab_size: int) -> N
     assert bool((error <= bound).all())
 
 
-@pytest.mark.parametrize(("d", "vocab_size"), [(256, 2048), (MAX_INT8_D, 2051)])
-def test_the_int8_products_stay_within_the_bound(d: int, vocab_size: int) -> None:
-    if not int8_matmuls_exact():
-        pytest.skip("this CPU's int8 products are not exact: the screen is made in bf16")
-    output = OutputLayer(layer(vocab_size, d), 64, screen=True, quantize=True)
-    x = states(64, d, seed=3) * torch.logspace(-3, 3, 64)[:, None]  # norms over six decades
-    with torch.inference_mode():
-        screen = output._prepare_screen()
-        products, margin = output_layer._int8_products(x, screen)  # (N, V'), (N,) in steps
-        steps = (
-            x.abs().amax(dim=1).double()
-            / 127
-            * (float(output.exact.linear.weight.abs().max()) / 127)
-        )
-        scaled = products[:, :vocab_size].double() * steps[:, None]  # t s ĥ·ŵ_v
-        exact = x.double() @ output.exact.linear.weight.double().T  # (N, V)
-        error = (scaled - exact).abs().amax(dim=-1)  # (N,)
-        assert torch.equal(output.argmax(x), output.logits(x).argmax(dim=-1))
-    assert bool((error <= margin.double() * steps / 2).all())  # margin is twice the bound
-    assert int(products.abs().max()) < 2**24
-
-
-def test_int8_products_that_do_not_sum_exactly_leave_the_screen_to_bf16(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    def saturating(a: Tensor, b: Tensor) -> Tensor:
-        """Products as AVX2's u8 x s8 pairs sum them: a + 128, pairs clamped to 16 bits."""
-        m, k = a.shape
-        products = (a.long() + 128)[:, :, None] * b.long()[None]  # (M, K, N)
-        pairs = products.view(m, k // 2, 2, -1).sum(2).clamp(-(2**15), 2**15 - 1)
-        return (pairs.sum(1) - 128 * b.long().sum(0)).int()  # (M, N)
-
-    small = torch.randint(-20, 21, (4, 64), dtype=torch.int8)
-    assert torch.equal(saturating(small, small.T), (small.long() @ small.long().T).int())
-    monkeypatch.setattr(torch, "_int_mm", saturating)
-    int8_matmuls_exact.cache_clear()
-    try:
-        assert not int8_matmuls_exact()
-        output = OutputLayer(layer(1024), 8, screen=True, quantize=True)
-        assert not output.quantizes
-    finally:
-        int8_matmuls_exact.cache_clear()
-
-
-def test_where_the_int8_screen_applies() -> None:
-    exact = int8_matmuls_exact()
-    assert OutputLayer(layer(1024), 8, screen=True).quantizes == exact
-    assert not OutputLayer(layer(1024), 8, screen=True, quantize=False).quantizes
-    assert not OutputLayer(layer(1024, bias=True), 8, screen=True).quantizes  # bias: bf16
-    assert not OutputLayer(layer(1024, MAX_INT8_D + 8), 8, screen=True).quantizes  # too wide
-    assert not OutputLayer(layer(1024), 8, screen=False).quantizes
-    with torch.inference_mode():  # rows too small for it fall back to the float32 logits
-        output = OutputLayer(layer(1024), 8, screen=True)
-        x = states(8)
-        x[3] *= 2.0**-100
-        assert torch.equal(output.argmax(x), output.logits(x).argmax(dim=-1))
-
-
-def near_equal_rows(
-    x_scale: float, w_scale: float, quantize: bool = False
-) -> tuple[OutputLayer, Tensor]:
+def near_equal_rows(x_scale: float, w_scale: float) -> tuple[OutputLayer, Tensor]:
     """Nine tokens within bf16's rounding of token 7, and rows close to token 7's weight."""
     linear = layer(1024)
     with torch.no_grad():
@@ -173,16 +85,15 @@ def near_equal_rows(
             linear.weight[token] = base + 3e-3 * torch.randn(64) * base.abs().mean()
         linear.weight.mul_(w_scale)
     x = (base.repeat(64, 1) + 0.01 * torch.randn(64, 64)) * x_scale
-    return OutputLayer(linear, 64, screen=True, quantize=quantize), x
+    return OutputLayer(linear, 64, screen=True), x
 
 
-@QUANTIZE
 @pytest.mark.parametrize(("x_scale", "w_scale"), [(1e-24, 1.0), (1e-25, 1.0), (1.0, 1e-25)])
 def test_rows_and_weights_so_small_that_their_float32_squares_vanish(
-    x_scale: float, w_scale: float, quantize: bool
+    x_scale: float, w_scale: float
 ) -> None:
     torch.manual_seed(0)
-    output, x = near_equal_rows(x_scale, w_scale, quantize)
+    output, x = near_equal_rows(x_scale, w_scale)
     with torch.inference_mode():
         assert torch.equal(output.argmax(x), output.logits(x).argmax(dim=-1))
 
@@ -199,33 +110,30 @@ def test_subnormal_rows_which_the_bf16_matmul_reads_as_zero() -> None:
         assert torch.equal(output.argmax(x), output.logits(x).argmax(dim=-1))
 
 
-@QUANTIZE
-def test_equal_logits_fall_back_instead_of_settling_every_token(quantize: bool) -> None:
+def test_equal_logits_fall_back_instead_of_settling_every_token() -> None:
     linear = layer(4096)
     with torch.no_grad():
-        linear.weight.zero_()  # too small for int8's steps: screened in bf16
-    output = OutputLayer(linear, 32, screen=True, quantize=quantize)
+        linear.weight.zero_()
+    output = OutputLayer(linear, 32, screen=True)
     with torch.inference_mode():
         assert output.argmax(states(32)).tolist() == [0] * 32  # argmax's first maximum
     assert output.candidates == 32 * 4096  # counted, then left to the float32 logits
 
 
-@QUANTIZE
-def test_ties_go_to_the_first_token_as_with_argmax(quantize: bool) -> None:
+def test_ties_go_to_the_first_token_as_with_argmax() -> None:
     linear = layer(1024)
     with torch.no_grad():
         linear.weight[900] = linear.weight[40]
         linear.weight[41] = linear.weight[40]
-    output = OutputLayer(linear, 4, screen=True, quantize=quantize)
+    output = OutputLayer(linear, 4, screen=True)
     x = linear.weight[40].detach().repeat(4, 1) * 5
     with torch.inference_mode():
         assert output.argmax(x).tolist() == [40, 40, 40, 40]
 
 
-@QUANTIZE
-def test_never_tokens_are_never_chosen(quantize: bool) -> None:
+def test_never_tokens_are_never_chosen() -> None:
     linear = layer(1030)  # tokens beyond the last whole block of 64 too
-    output = OutputLayer(linear, 4, never=(3, 40), screen=True, quantize=quantize)
+    output = OutputLayer(linear, 4, never=(3, 40), screen=True)
     x = linear.weight[40].detach().repeat(4, 1) * 5  # token 40 would win
     with torch.inference_mode():
         found = output.argmax(x)
@@ -234,21 +142,20 @@ def test_never_tokens_are_never_chosen(quantize: bool) -> None:
     assert 40 not in found.tolist() and torch.equal(found, logits.argmax(dim=-1))
 
 
-@QUANTIZE
-def test_a_copy_excluding_other_tokens_shares_the_frozen_weights(quantize: bool) -> None:
+def test_a_copy_excluding_other_tokens_shares_the_frozen_weights() -> None:
     linear = layer(1024)
-    output = OutputLayer(linear, 4, screen=True, quantize=quantize)
+    output = OutputLayer(linear, 4, screen=True)
     x = linear.weight[40].detach().repeat(4, 1) * 5  # token 40 would win
     with torch.inference_mode():
         assert output.argmax(x).tolist() == [40] * 4
         without = output.excluding((40,))
         assert 40 not in without.argmax(x).tolist()
         assert output.argmax(x).tolist() == [40] * 4  # the original is unchanged
-        assert made(without) is made(output) is not None  # one bf16 or int8 copy
-        late = OutputLayer(linear, 4, screen=True, quantize=quantize)
+        assert without.rounded is output.rounded is not None  # one bf16 copy
+        late = OutputLayer(linear, 4, screen=True)
         twin = late.excluding(())
         twin.argmax(x)  # a copy's first screen is made for the original too
-        assert made(late) is made(twin) is not None
+        assert late.rounded is twin.rounded is not None
 
 
 @pytest.mark.parametrize("never", [(-1,), (1024,), (3, 5000)])
@@ -259,9 +166,8 @@ def test_never_tokens_outside_the_vocabulary_are_refused(never: tuple[int, ...])
         OutputLayer(layer(1024), 4).excluding(never)
 
 
-@QUANTIZE
-def test_rows_without_a_candidate_fall_back_to_the_float32_logits(quantize: bool) -> None:
-    output = OutputLayer(layer(1024), 3, screen=True, quantize=quantize)
+def test_rows_without_a_candidate_fall_back_to_the_float32_logits() -> None:
+    output = OutputLayer(layer(1024), 3, screen=True)
     x = states(3)
     x[1, 5] = float("nan")
     x[2, 0] = float("inf")
@@ -290,30 +196,14 @@ def test_where_the_screen_applies() -> None:
         output = OutputLayer(layer(MIN_VOCAB), 8)
         output.screens = True  # as on a CPU with native bf16 matmuls
         output.argmax(states(MIN_ROWS - 1))
-        assert made(output) is None  # too few rows to pay
+        assert output.rounded is None  # too few rows to pay
         output.argmax(states(MIN_ROWS))
-        assert made(output) is not None
+        assert output.rounded is not None
     with torch.inference_mode():  # bf16 rows take the exact path
         output = OutputLayer(big, 8, screen=True)
         x = states(8).to(torch.bfloat16)
         expected = big.to(torch.bfloat16)(x).argmax(dim=-1)
         assert torch.equal(output.argmax(x), expected)
-
-
-def test_greedy_search_takes_the_screened_argmax_and_finds_what_the_logits_give() -> None:
-    torch.manual_seed(0)
-    model = Seq2SeqTransformer(tiny_config(vocab_size=1100, d_model=64)).eval()
-    src = random_ids(6, 9, vocab=1100)
-    budget = torch.full((6,), 12, dtype=torch.long)
-    found = {}
-    with torch.inference_mode():
-        for screen in (True, False):
-            decoder = ModelDecoder(model, src, 13, never=(EOS_ID,))
-            decoder.output = OutputLayer(model.output, 6, (EOS_ID,), screen=screen)
-            found[screen] = greedy_search(decoder, 6, budget)
-            assert (made(decoder.output) is not None) == screen
-    assert found[True] == found[False]
-    assert all(len(tokens) == 12 for tokens in found[True])  # EOS never chosen
 
 
 def linear_bias(output: OutputLayer) -> Tensor | float:

@@ -12,7 +12,10 @@ import torch
 from qkv.errors import ConfigError
 from qkv.inference.translate import DecodeOptions, translate_ids
 from qkv.model.seq2seq import Seq2SeqTransformer
+from tests.inference.helpers import fast_copy
 from tests.model.helpers import tiny_config
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 BAD = {
     "beam size 0": ({"beam_size": 0}, "beam size must be between 1 and 256, got 0"),
@@ -106,6 +109,24 @@ def test_a_sampled_translation_depends_on_seed_and_place_not_on_batching() -> No
     changed = run(neighbours)
     assert [changed[1], changed[3]] == [together[1], together[3]]
     assert run(sources, seed=4) != together
+
+
+@pytest.mark.parametrize(
+    "fields", [{}, {"beam_size": 4}, {"sampling": True, "top_k": 5, "seed": 3}], ids=str
+)
+def test_a_model_turned_fast_translates_as_before(fields: dict[str, int]) -> None:
+    """`Translator.load` decodes with the model that `qkv.fast.apply` turned fast."""
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(tiny_config(vocab_size=60, max_len=40)).eval()
+    generator = torch.Generator().manual_seed(1)
+    sources = [
+        torch.randint(4, 60, (int(n),), generator=generator).tolist()
+        for n in torch.randint(1, 12, (9,), generator=generator)
+    ]
+    options, cpu = DecodeOptions(max_len_b=6, workers=1, **fields), torch.device("cpu")
+    expected = translate_ids(model, sources, options, cpu)
+    assert translate_ids(fast_copy(model), sources, options, cpu) == expected
+    assert sum(map(len, expected)) > 0
 
 
 class Terminal(io.StringIO):

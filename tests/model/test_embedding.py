@@ -23,13 +23,40 @@ def test_token_embedding_is_scaled_by_sqrt_d_model() -> None:
 
 
 @pytest.mark.parametrize("positions", ["sinusoidal", "learned"])
-def test_a_position_held_in_a_tensor_embeds_like_an_offset(positions: str) -> None:
+def test_an_offset_embeds_the_positions_from_there(positions: str) -> None:
     embeddings = make_embeddings(30, 16, 0, 0.0, 20, positions)
-    ids = torch.tensor([[3], [7]])  # (B, 1)
-    for offset in (0, 5, 19):
-        torch.testing.assert_close(
-            embeddings.at(ids, torch.tensor([offset])), embeddings(ids, offset=offset)
-        )
+    ids = torch.randint(1, 30, (2, 20))
+    whole = embeddings(ids)  # (B, 20, D)
+    for offset, length in ((0, 1), (5, 3), (19, 1)):
+        part = embeddings(ids[:, offset : offset + length], offset=offset)
+        torch.testing.assert_close(part, whole[:, offset : offset + length])
+
+
+@pytest.mark.parametrize("positions", ["sinusoidal", "learned"])
+def test_positions_beyond_max_len_are_refused(positions: str) -> None:
+    embeddings = make_embeddings(30, 16, 0, 0.0, 20, positions)
+    with pytest.raises(ValueError, match=r"sequence of 21 positions exceeds the model's max_len"):
+        embeddings(torch.ones(1, 21, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"sequence of 21 positions exceeds"):
+        embeddings(torch.ones(1, 2, dtype=torch.long), offset=19)
+
+
+def test_embeddings_are_token_plus_position_then_dropout() -> None:
+    embeddings = make_embeddings(30, 16, 0, 0.5, 20, "sinusoidal")
+    ids = torch.tensor([[3, 4, 0]])
+    expected = embeddings.token(ids) + sinusoid_table(20, 16)[:3]
+    torch.testing.assert_close(embeddings.eval()(ids), expected)
+    dropped = embeddings.train()(ids)
+    kept = dropped != 0
+    torch.testing.assert_close(dropped[kept], expected[kept] * 2.0)  # 1 / (1 - p)
+    assert not kept.all()
+
+
+def test_a_shared_token_table_is_used_as_given() -> None:
+    token = TokenEmbedding(30, 16, pad_id=0)
+    embeddings = make_embeddings(30, 16, 0, 0.0, 20, "learned", token)
+    assert embeddings.token is token
+    assert embeddings.positions.table.weight.shape == (20, 16)
 
 
 @pytest.mark.parametrize(

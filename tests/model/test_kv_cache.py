@@ -6,6 +6,8 @@ from qkv.model.kv_cache import KVCache, changed_steps
 from qkv.model.seq2seq import Seq2SeqTransformer
 from tests.model.helpers import random_ids, tiny_config
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def test_select_copies_the_filled_steps_into_reordered_rows() -> None:
     cache = KVCache(rows=3, n_heads=2, head_dim=4, max_len=5)
@@ -56,20 +58,22 @@ def test_beams_share_cross_attention_entries_and_decode_like_the_full_forward(gr
     with torch.set_grad_enabled(grad):
         step_and_check()
         select([0, 0, 1, 1, 2, 2])  # beam expansion: 3 groups of 2 rows
-        assert cache.group_size == 2 and cache.cross_keys[0].size(0) == 3
+        assert cache.group_size == 2 and cache.source[0].keys.size(0) == 3
         step_and_check()
-        entries = cache.cross_keys[0]
+        entries = cache.source[0].keys
+        kept = entries.clone()
         select([1, 0, 3, 3, 4, 5])  # beams reordered within their sentences
-        assert cache.cross_keys[0] is entries  # nothing gathered
+        assert cache.source[0].keys.data_ptr() == entries.data_ptr()  # nothing gathered
+        assert torch.equal(cache.source[0].keys, kept)
         step_and_check()
         select([0, 1, 4, 5])  # sentence 1 finished: sentence 2 moves into its entry
-        assert cache.group_size == 2 and cache.cross_keys[0].size(0) == 2
+        assert cache.group_size == 2 and cache.source[0].keys.size(0) == 2
         if not grad:  # moved in place; under autograd, gathered into new tensors
-            assert cache.cross_keys[0].data_ptr() == entries.data_ptr()
-        assert cache.cross_keys[0].requires_grad == grad
+            assert cache.source[0].keys.data_ptr() == entries.data_ptr()
+        assert cache.source[0].keys.requires_grad == grad
         step_and_check()
         select([3, 0, 0])  # rows in no equal groups: one entry per row
-        assert cache.group_size == 1 and cache.cross_keys[0].size(0) == 3
+        assert cache.group_size == 1 and cache.source[0].keys.size(0) == 3
         step_and_check()
 
 
@@ -89,18 +93,29 @@ def test_select_writes_in_place_and_keeps_rows_that_stay() -> None:
     assert cache.keys.shape[0] == 5 and cache.keys.data_ptr() != buffer
 
 
-def test_rows_are_step_major_and_stay_so_when_they_grow() -> None:
+def test_rows_keep_their_steps_and_take_new_ones_as_they_shrink_and_grow() -> None:
     cache = KVCache(rows=3, n_heads=2, head_dim=4, max_len=5)
-    k = torch.randn(3, 2, 1, 4)
-    keys, _ = cache.append(k, torch.randn(3, 2, 1, 4))
-    # A step's keys for all rows are one block; N and H merge without a copy.
-    assert cache.keys.stride() == (8, 4, 24, 1)  # (N, H, T, K) over (T, N, H, K)
-    assert keys.reshape(6, 1, 4).data_ptr() == keys.data_ptr()
-    cache.select(torch.tensor([2, 0]))  # fewer rows: moved in place
-    assert cache.keys.shape == (2, 2, 5, 4) and cache.keys.stride() == (8, 4, 24, 1)
-    cache.select(torch.tensor([0, 0, 1, 1]))  # more rows than ever (beams): new buffers
-    assert cache.keys.shape == (4, 2, 5, 4) and cache.keys.stride() == (8, 4, 32, 1)
-    torch.testing.assert_close(cache.keys[:, :, :1], k[[2, 2, 0, 0]])
+    keys, values = [torch.randn(3, 2, 1, 4)], [torch.randn(3, 2, 1, 4)]  # step by step
+    cache.append(keys[0], values[0])
+    for order in ([2, 0], [0, 0, 1, 1], [3, 1, 2]):  # fewer rows, more than ever, fewer
+        index = torch.tensor(order)
+        cache.select(index)
+        keys, values = [k[index] for k in keys], [v[index] for v in values]
+        keys.append(torch.randn(len(order), 2, 1, 4))
+        values.append(torch.randn(len(order), 2, 1, 4))
+        got_keys, got_values = cache.append(keys[-1], values[-1])
+        assert got_keys.shape == (len(order), 2, len(keys), 4)
+        torch.testing.assert_close(got_keys, torch.cat(keys, dim=2))
+        torch.testing.assert_close(got_values, torch.cat(values, dim=2))
+    assert cache.length == 4
+
+
+def test_a_full_cache_refuses_more_steps() -> None:
+    cache = KVCache(rows=2, n_heads=1, head_dim=4, max_len=3)
+    cache.append(torch.randn(2, 1, 2, 4), torch.randn(2, 1, 2, 4))
+    with pytest.raises(RuntimeError, match=r"KV cache full: 2 \+ 2 > 3 steps"):
+        cache.append(torch.randn(2, 1, 2, 4), torch.randn(2, 1, 2, 4))
+    assert cache.length == 2
 
 
 def test_select_copies_only_the_steps_a_place_does_not_hold_already() -> None:
@@ -127,21 +142,20 @@ def test_changed_steps_lists_each_moved_row_from_its_held_step() -> None:
     assert steps.source.tolist() == [t * 6 + r for _, r, t in moves]
 
 
-def test_the_source_bias_is_the_source_mask_and_moves_with_it() -> None:
+def test_the_source_mask_moves_with_the_rows() -> None:
     model = Seq2SeqTransformer(tiny_config()).eval()
     src = random_ids(3, 5)
     src[0, 3:], src[2, 1:] = 0, 0
     memory, src_mask, _ = model.encode(src)
     cache = model.init_cache(memory, src_mask, max_len=4)
-    heads = model.config.n_heads
-
-    def bias_of(mask: Tensor) -> Tensor:  # (G, 1, 1, S) -> (G * H, 1, S)
-        expanded = mask.expand(-1, heads, -1, -1).flatten(0, 1)
-        return torch.zeros(expanded.shape).masked_fill_(~expanded, float("-inf"))
-
-    assert not cache.empty_sources
-    assert torch.equal(cache.source_bias, bias_of(src_mask))
+    assert (cache.rows, cache.length, cache.group_size) == (3, 0, 1)
+    assert len(cache.self_attn) == len(cache.source) == model.config.n_decoder_layers
     cache.select(torch.tensor([2, 2, 0, 0]))  # gathered: 2 groups of 2
-    assert torch.equal(cache.source_bias, bias_of(src_mask[[2, 0]]))
+    assert (cache.rows, cache.group_size) == (4, 2)
+    assert torch.equal(cache.src_mask, src_mask[[2, 0]])
     cache.select(torch.tensor([2, 3]))  # sentence 2 finished: sentence 0 moves in place
-    assert torch.equal(cache.source_bias, bias_of(src_mask[[0]]))
+    assert (cache.rows, cache.group_size) == (2, 2)
+    assert torch.equal(cache.src_mask, src_mask[[0]])
+    k, v = model.decoder.layers[0].cross_attn.project_kv(memory[[0]])
+    torch.testing.assert_close(cache.source[0].keys, k)
+    torch.testing.assert_close(cache.source[0].values, v)

@@ -1,6 +1,7 @@
+import pytest
 import torch
 
-from qkv.model.masks import causal_mask, decoder_self_mask, padding_mask
+from qkv.model.masks import causal_mask, check_mask, decoder_self_mask, padding_mask
 
 
 def test_padding_mask_shape_and_values() -> None:
@@ -31,3 +32,11 @@ def test_decoder_mask_combines_with_and() -> None:
         [True, True, False],
         [True, True, False],
     ]
+
+
+def test_check_mask_refuses_all_but_boolean_masks() -> None:
+    check_mask(None)
+    check_mask(causal_mask(3))
+    for dtype in (torch.float32, torch.long, torch.uint8):
+        with pytest.raises(TypeError, match=r"self_mask must be boolean \(True = may attend\)"):
+            check_mask(causal_mask(3).to(dtype), "self_mask")

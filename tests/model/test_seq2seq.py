@@ -1,11 +1,13 @@
 import pytest
 import torch
+import torch.nn.functional as F
 
-import qkv.fast.grid as grid
-from qkv.fast.frozen_linear import FrozenLinear, frozen_copy
-from qkv.model.masks import decoder_self_mask, padding_mask
 from qkv.model.seq2seq import Seq2SeqTransformer
 from tests.model.helpers import random_ids, tiny_config
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+BOS, EOS = 1, 2
 
 
 @pytest.fixture(params=[False, True], ids=["post-norm", "pre-norm"])
@@ -52,17 +54,6 @@ def test_mixed_lengths_in_a_batch_equal_each_sentence_alone(model: Seq2SeqTransf
     torch.testing.assert_close(batch[1], model(long_src, tgt[1:])[0], atol=1e-5, rtol=1e-5)
 
 
-def test_padded_layout_computes_the_packed_states_at_real_positions(
-    model: Seq2SeqTransformer,
-) -> None:
-    src, tgt = random_ids(3, 7), random_ids(3, 6)
-    src[1, 4:], tgt[0, 3:], tgt[2, 5:] = 0, 0, 0
-    packed, padded = model.hidden(src, tgt), model.hidden(src, tgt, packed=False)  # (B, T, D)
-    real = tgt != 0
-    torch.testing.assert_close(padded[real], packed[real], atol=1e-5, rtol=1e-5)
-    assert packed[~real].abs().max() == 0  # packed states are zero at padding
-
-
 def test_future_target_tokens_do_not_leak(model: Seq2SeqTransformer) -> None:
     src, tgt = random_ids(2, 6), random_ids(2, 5)
     changed = tgt.clone()
@@ -78,24 +69,16 @@ def test_all_padding_source_is_finite(model: Seq2SeqTransformer) -> None:
     assert torch.isfinite(model(src, random_ids(2, 3))).all()
 
 
-@pytest.mark.parametrize("frozen", [False, True])
 @pytest.mark.parametrize("rows", [3, 70])
-def test_cached_decoding_equals_full_forward(
-    model: Seq2SeqTransformer, rows: int, frozen: bool
-) -> None:
+def test_cached_decoding_equals_full_forward(model: Seq2SeqTransformer, rows: int) -> None:
     src = random_ids(rows, 6)
     src[1, 4:] = 0
     tgt = random_ids(rows, 7)
     full = model(src, tgt)  # (B, T, V)
-    with torch.inference_mode():  # where the frozen output projection applies
+    with torch.inference_mode():
         memory, src_mask, _ = model.encode(src)
         cache = model.init_cache(memory, src_mask, max_len=7)
-        if frozen:  # as ModelDecoder decodes
-            decoder = frozen_copy(model.decoder, rows)
-            output = FrozenLinear(model.output, rows)
-            steps = [output(decoder.step(tgt[:, t, None], cache)[:, 0]) for t in range(7)]
-        else:
-            steps = [model.decode_step(tgt[:, t], cache) for t in range(7)]
+        steps = [model.decode_step(tgt[:, t], cache) for t in range(7)]
     torch.testing.assert_close(torch.stack(steps, dim=1), full, atol=1e-5, rtol=1e-5)
 
 
@@ -106,7 +89,6 @@ def test_cached_decoding_of_an_all_padding_source_equals_full_forward(
     src[1] = 0  # nothing to attend to: cross-attention's context is zero, in both ways
     memory, src_mask, _ = model.encode(src)
     cache = model.init_cache(memory, src_mask, max_len=3)
-    assert cache.empty_sources
     steps = [model.decode_step(tgt[:, t], cache) for t in range(3)]
     decoded = torch.stack(steps, dim=1)  # (B, T, V)
     assert torch.isfinite(decoded).all()
@@ -162,33 +144,32 @@ def test_inputs_that_do_not_pair_up_are_refused(model: Seq2SeqTransformer) -> No
         model(src[0], tgt)
 
 
-def test_encoder_and_decoder_refuse_float_masks(model: Seq2SeqTransformer) -> None:
-    src, tgt = random_ids(2, 6), random_ids(2, 4)
-    src_mask = padding_mask(src, 0)  # (B, 1, 1, S)
-    memory, _ = model.encoder(src, src_mask)
-    with pytest.raises(TypeError, match="mask must be boolean"):
-        model.encoder(src, src_mask.float())
-    self_mask = decoder_self_mask(tgt, 0)  # (B, 1, T, T)
-    for masks in ((self_mask.float(), src_mask), (self_mask, src_mask.float())):
-        with pytest.raises(TypeError, match="must be boolean"):
-            model.decoder(tgt, memory, *masks)
+@pytest.mark.parametrize("task", ["copy", "reverse"])
+def test_tiny_model_learns_the_task(task: str) -> None:
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(tiny_config(vocab_size=16, d_model=64, d_ff=128, n_heads=4))
+    optimizer = torch.optim.Adam(model.parameters(), lr=2e-3, betas=(0.9, 0.98))
+    # Decayed to zero: at a constant rate Adam's loss can spike in the last steps, at a step
+    # that depends on float rounding (the CPU's kernels, the number of threads).
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / 300)
+    batch, length = 64, 6
 
+    def make_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        src = torch.randint(5, 16, (batch, length))
+        out = src if task == "copy" else src.flip(1)
+        tgt_in = torch.cat([torch.full((batch, 1), BOS), out], dim=1)
+        labels = torch.cat([out, torch.full((batch, 1), EOS)], dim=1)
+        return src, tgt_in, labels
 
-@pytest.mark.parametrize("group_cost", [grid.GROUP_COST, 0])  # 0: a group per length
-def test_packed_and_padded_layouts_give_the_same_gradients(
-    model: Seq2SeqTransformer, group_cost: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(grid, "GROUP_COST", group_cost)
-    src, tgt = random_ids(3, 7), random_ids(3, 6)
-    src[1, 4:], tgt[0, 3:], tgt[2, 5:] = 0, 0, 0  # 13 target rows: 3 filler rows on a CPU
-    weights = torch.randn(3, 6, model.config.d_model) * (tgt != 0)[..., None]
-
-    def gradients(packed: bool) -> dict[str, torch.Tensor]:
-        model.zero_grad()
-        (model.hidden(src, tgt, packed=packed) * weights).sum().backward()
-        return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-
-    packed, padded = gradients(True), gradients(False)
-    assert packed.keys() == padded.keys()
-    for name, grad in packed.items():
-        torch.testing.assert_close(grad, padded[name], atol=1e-5, rtol=1e-4, msg=name)
+    for _ in range(300):
+        src, tgt_in, labels = make_batch()
+        loss = F.cross_entropy(model(src, tgt_in).flatten(0, 1), labels.flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+    model.eval()
+    src, tgt_in, labels = make_batch()
+    with torch.no_grad():
+        accuracy = (model(src, tgt_in).argmax(-1) == labels).float().mean().item()
+    assert accuracy > 0.97, accuracy

@@ -7,8 +7,8 @@ import platform
 import pytest
 import torch
 
-from qkv.fast.compiled import allowed
 from qkv.errors import ConfigError
+from qkv.fast.compiled import allowed
 from qkv.training.config import TrainConfig
 from qkv.training.speed import pick_device, set_up_process, tune_allocator
 

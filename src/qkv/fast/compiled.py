@@ -2,7 +2,7 @@
 
 Some passes over memory run faster as one generated C++ loop than as several eager operations:
 dropout with its masks hashed in the loop (`qkv.fast.dropout`) and the label-smoothed loss
-(`qkv.training.fused_loss`) of a CPU training step. Such a function is compiled once per
+(`qkv.fast.fused_loss`) of a CPU training step. Such a function is compiled once per
 process, for inputs of any size (dynamic shapes), and first run on an example. Where
 torch.compile cannot work here (no C++ compiler, for one), `compiled` warns once and the caller
 keeps its eager way, as it does while `allow(False)` (the training config's `compile=false`).

@@ -17,6 +17,7 @@ float rounding (tested: the same token ids).
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -94,7 +95,7 @@ def frozen_for_decoding(model: Seq2SeqTransformer, rows: int) -> Seq2SeqTransfor
     for module in twin.decoder.modules():
         if isinstance(module, MultiHeadAttention):
             module.__class__ = StepAttention
-            module._biases = {}
+            cast(StepAttention, module)._biases = {}
         elif isinstance(module, FeedForward):
             module.__class__ = StepFeedForward
     return twin

@@ -4,10 +4,7 @@ Decoding multiplies the same weights by a few dozen or hundred rows at every ste
 reorder a weight once into its blocked layout, which its matmul then streams faster than the
 row-major one (`qkv.fast.linear`, and faster still than the BLAS behind `F.linear`). This is
 what `torch.compile` does to frozen CPU linears; the two operators are called here directly,
-eagerly. For the decoder (`frozen_copy`: the linear layers of the decoder layers, beside the
-output layer) greedy decoding of the benchmark model was 1.08–1.19× as fast, beam-5 1.05–1.10×
-(`benchmarks/frozen_ab.py`). The encoder, run once per batch over all its source tokens, gains
-nothing from it (`DecodingWeights`).
+eagerly (`qkv.fast.decoding` makes a decoder of them; gains in `docs/performance.md`).
 Where they do not apply (a GPU, a dtype other than float32 or bf16, bf16 on a CPU without native
 bf16 matmuls, autocast, autograd, a torch built without oneDNN), the layer is `linear`.
 The numbers are those of `nn.Linear` up to float rounding (tested).
@@ -152,6 +149,9 @@ def _applies(t: Tensor) -> bool:
 
 def cpu_bf16_matmuls() -> bool:
     """Whether this CPU multiplies bf16 matrices natively through oneDNN (AVX512-BF16, AMX)."""
-    return torch.backends.mkldnn.is_available() and bool(
-        torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    )
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:  # a private operator: a torch without it has no native bf16 matmuls to offer here
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False

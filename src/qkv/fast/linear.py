@@ -17,14 +17,11 @@ empty batch), `linear` is `F.linear`.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-
-from qkv.fast.compiled import allowed, compiled
 
 
 class Linear(nn.Linear):
@@ -81,24 +78,9 @@ def _grads(
     return grad_x, grad_w, grad_b
 
 
-WIDE = 2048
-"""Outputs from which the input's gradient multiplies by a transposed copy of the weight."""
-
-
 def _as_input_grad_weight(weight: Tensor) -> Tensor:
-    """weight (out, in) -> its transpose (in, out), oneDNN's weight operand for g W.
-
-    A transposed view costs nothing, and is the faster operand up to a few hundred outputs;
-    from `WIDE` outputs (an output layer's vocabulary) oneDNN multiplies faster by a
-    contiguous copy, made in a compiled loop (`transposed`): the input's gradient of 2,048
-    rows ran 1.06-1.20x as fast at 2,048 to 16,000 outputs of 256, the copy included, and
-    0.78-0.94x as fast at 256 to 1,024 outputs.
-    """
-    kernel = _transpose_kernel_for(weight) if weight.size(0) >= WIDE else None
-    if kernel is None:
-        return weight.t()  # (in, out), a view
-    copy: Tensor = kernel(weight)  # (in, out)
-    return copy
+    """weight (out, in) -> its transpose (in, out), oneDNN's weight operand for g W (a view)."""
+    return weight.t()
 
 
 def _weight_grad(grad: Tensor, inputs: Tensor) -> Tensor:
@@ -106,43 +88,12 @@ def _weight_grad(grad: Tensor, inputs: Tensor) -> Tensor:
 
     oneDNN reads its weight operand (n, k) in either layout at full speed, so one factor goes
     in as a transposed view; its source operand (m, k) it reads transposed slowly when it is
-    wide, so the narrower factor is the one copied into the (·, M) layout (`transposed`).
-    Copying the wider factor, the product comes out as (in, out), and is transposed in turn:
-    autograd would copy a transposed view into the weight's own layout anyway, more slowly.
+    wide, so the narrower factor is the one copied into the (·, M) layout. Copying the wider
+    factor, the product comes out as (in, out), and is transposed in turn.
     """
     if grad.size(1) > inputs.size(1):
-        return transposed(_product(transposed(inputs), grad.t()))  # (out, in)
-    return _product(transposed(grad), inputs.t())  # (out, in)
-
-
-def transposed(rows: Tensor) -> Tensor:
-    """rows (M, k) -> its transpose (k, M), contiguous.
-
-    Eager torch copies a transposed view element by element, about a third as fast as the loop
-    inductor tiles for it (0.23 against 0.07 ms at 2,048 rows of 256); the compiled loop is
-    taken where compiled loops are allowed and work (`qkv.fast.compiled`).
-    """
-    kernel = _transpose_kernel_for(rows)
-    if kernel is None:
-        return rows.t().contiguous()
-    out: Tensor = kernel(rows)
-    return out
-
-
-def _transpose_kernel_for(rows: Tensor) -> Callable[..., Any] | None:
-    """The compiled transpose for `rows`, or None: not on a CPU, compiled loops not allowed,
-    or not working here."""
-    return _transpose_kernel() if allowed() and rows.device.type == "cpu" else None
-
-
-def _transpose(rows: Tensor) -> Tensor:
-    return rows.t().clone(memory_format=torch.contiguous_format)
-
-
-@functools.cache
-def _transpose_kernel() -> Callable[..., Any] | None:
-    """`_transpose` compiled for any sizes (see `qkv.fast.compiled`), or None where it cannot be."""
-    return compiled(_transpose, torch.zeros(1032, 384))
+        return _product(inputs.t().contiguous(), grad.t()).t().contiguous()  # (out, in)
+    return _product(grad.t().contiguous(), inputs.t())  # (out, in)
 
 
 STEPS_PER_DOUBLING = 16
@@ -154,12 +105,7 @@ def padded_rows(count: int) -> int:
 
     oneDNN makes a kernel and buffers for each new shape and keeps some of them: training's
     packed batches, a new row count at every step, grew the benchmark's training phase to
-    3.8 GB, against 1.4 GB with `F.linear`. Rounded up, the shapes repeat. Finer steps spend
-    fewer products on padding rows and keep more kernels: at 8 steps per doubling the
-    benchmark's sources took 5.1 % more rows than they have, at 16 steps 2.3 %, and whole
-    training steps ran 1.009x as fast on its batches, 1.017x on qkv's bucketed ones
-    (`benchmarks/train_ab.py --change rounding`), for 4 % more peak memory in a Multi30k run.
-    32 steps gained about 1 % more, for 14 % more memory.
+    3.8 GB, against 1.4 GB with `F.linear`. Rounded up, the shapes repeat.
     """
     doubling = 1 << max(count.bit_length() - 1, 0)  # the power of 2 at or below count
     step = max(8, doubling // STEPS_PER_DOUBLING)
@@ -195,6 +141,7 @@ def applies(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
     """Whether `linear` goes to oneDNN for these operands."""
     return (
         x.device.type == "cpu"
+        and onednn_available()
         and x.dtype == weight.dtype == torch.float32
         and (bias is None or bias.dtype == torch.float32)
         and x.dim() >= 2
@@ -202,3 +149,17 @@ def applies(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
         and torch.backends.mkldnn.is_available()
         and not torch.is_autocast_enabled("cpu")
     )
+
+
+@functools.cache
+def onednn_available() -> bool:
+    """Whether this torch has oneDNN's linear operator (`torch.ops.mkldnn._linear_pointwise`, a
+    private one) and it multiplies right: checked once on a small product against `F.linear`.
+    Elsewhere `linear` is `F.linear`."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        x, weight = torch.ones(8, 4), torch.full((3, 4), 0.5)
+        return torch.equal(_product(x, weight), F.linear(x, weight))
+    except (AttributeError, RuntimeError):
+        return False

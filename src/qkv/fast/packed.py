@@ -12,6 +12,9 @@ puts in place of `Encoder` and `Decoder`. Attention maps, decoding with a cache 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import cast
+
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -40,7 +43,7 @@ class PackedEncoder(Encoder):
         check_mask(mask)
         rows = Packing.from_mask(ids != self.pad_id, round_rows=ids.device.type == "cpu")
         x = embed(self.embeddings, ids, rows)  # (M, D)
-        for layer in self.layers:
+        for layer in cast(Iterable[EncoderLayer], self.layers):
             x = encoder_layer(layer, x, mask, rows)  # (M, D)
         return rows.unpack(self.final_norm(x)), []  # (B, S, D)
 
@@ -70,7 +73,7 @@ class PackedDecoder(Decoder):
         memory_rows = Packing.from_mask(source_real, round_rows=on_cpu)
         packed_memory = memory_rows.pack(memory)  # (M', D)
         x = embed(self.embeddings, ids, rows)  # (M, D)
-        for layer in self.layers:
+        for layer in cast(Iterable[DecoderLayer], self.layers):
             x = decoder_layer(
                 layer, x, packed_memory, self_mask, cross_mask, rows, memory_rows
             )  # (M, D)

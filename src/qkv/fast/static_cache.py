@@ -7,12 +7,15 @@ step can be recorded once as a CUDA graph and replayed (see `qkv.inference.graph
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 from torch import Tensor
 
 from qkv.model.kv_cache import SourceKV, move_rows
+from qkv.model.layers import DecoderLayer
 from qkv.model.seq2seq import Seq2SeqTransformer
 
 
@@ -165,7 +168,8 @@ def init_static_cache(
 
 def cross_keys_values(model: Seq2SeqTransformer, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
     """Each decoder layer's cross-attention keys and values (B, H, S, K) of memory (B, S, D)."""
-    pairs = [layer.cross_attn.project_kv(memory) for layer in model.decoder.layers]
+    layers = cast(Iterable[DecoderLayer], model.decoder.layers)
+    pairs = [layer.cross_attn.project_kv(memory) for layer in layers]
     return [(k.contiguous(), v.contiguous()) for k, v in pairs]
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import cast
+
 from torch import Tensor, nn
 
 from qkv.model.config import ModelConfig
@@ -71,7 +74,7 @@ class Decoder(nn.Module):
         rows, heads = memory.size(0), self.n_heads
         head_dim = memory.size(2) // heads
         self_attn, source = [], []
-        for layer in self.layers:
+        for layer in cast(Iterable[DecoderLayer], self.layers):
             keys, values = layer.cross_attn.project_kv(memory)  # (N, H, S, K) each
             source.append(SourceKV(keys.contiguous(), values.contiguous()))
             self_attn.append(KVCache(rows, heads, head_dim, max_len, memory.dtype, memory.device))

@@ -209,7 +209,7 @@ class DecoderCache:
             # As many entries or fewer (finished sentences dropped): moved in place, and
             # nothing at all when every group reads the entry it read before.
             move_rows([*tensors, self.src_mask], groups)
-            self._keep(slice(0, count))
+            self._keep(slice(0, count))  # a new mask object: what reads it sees it changed
         elif not torch.equal(groups, torch.arange(entries_before, device=groups.device)):
             self._keep(groups)
 

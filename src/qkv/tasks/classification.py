@@ -311,7 +311,8 @@ def train_classification(
     random.seed(train_config.seed)
     torch.manual_seed(train_config.seed)
     model = build_model(TextClassifier, model_config)  # before the run is saved
-    fast.apply(model)
+    if train_config.fast:
+        fast.apply(model)
     if not resume:
         RunConfig("classification", model_config, train_config, asdict(data)).save(run_dir)
     elif isinstance(resume, RunConfig):

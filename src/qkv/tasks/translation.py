@@ -96,9 +96,7 @@ class TranslationTask:
         pairs = self.collate(batch, device)
         states = self.model.hidden(pairs.src, pairs.tgt_in)  # (B, T, D)
         logits, labels = nonpad_logits(self.model.output, states, pairs.labels, PAD_ID)
-        loss = smoothed_cross_entropy(
-            logits, labels, self.label_smoothing, PAD_ID, overwrite=True
-        )  # the logits are used by nothing else
+        loss = smoothed_cross_entropy(logits, labels, self.label_smoothing, PAD_ID)
         return loss, {}
 
     def padded_inputs(self, batch: list[int], device: torch.device) -> dict[str, torch.Tensor]:
@@ -243,7 +241,8 @@ def train_translation(
     random.seed(train_config.seed)
     torch.manual_seed(train_config.seed)
     model = build_model(Seq2SeqTransformer, model_config)  # before the run is saved
-    fast.apply(model)
+    if train_config.fast:
+        fast.apply(model)
     if not resume:
         RunConfig("translation", model_config, train_config, asdict(data)).save(run_dir)
     elif isinstance(resume, RunConfig):

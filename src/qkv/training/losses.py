@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from qkv.fast import fused_loss
 from qkv.fast.packing import Packing
 from qkv.model.seq2seq import Seq2SeqTransformer
-from qkv.training import fused_loss
 
 
 def nonpad_logits(
@@ -42,18 +42,15 @@ def smoothed_cross_entropy(
     labels: Tensor,
     smoothing: float,
     ignore_index: int = -100,
-    overwrite: bool = False,
 ) -> Tensor:
     """Summed label-smoothed cross-entropy: logits (M, V), labels (M,) -> scalar.
 
     Rows whose label is `ignore_index` add nothing: `bucket_loss` passes the padding id, for
     the filler rows of a fixed-length list of targets. A big CPU training loss runs as
-    `qkv.training.fused_loss`'s compiled loops (the same values up to float rounding); with
-    `overwrite`, for logits nothing else uses (`nonpad_logits`'), its backward writes their
-    gradient over them.
+    `qkv.fast.fused_loss`'s compiled loops (the same values up to float rounding).
     """
     if fused_loss.applies(logits):
-        return fused_loss.smoothed_cross_entropy(logits, labels, smoothing, ignore_index, overwrite)
+        return fused_loss.smoothed_cross_entropy(logits, labels, smoothing, ignore_index)
     return F.cross_entropy(
         logits.float(),
         labels,

@@ -375,7 +375,8 @@ class Trainer:
             return None
         if self.graphed is None:
             dtype = torch.bfloat16 if c.bf16 else None
-            fast.apply(self.model, packed=False)  # fixed shapes, no host sync
+            if c.fast:  # else the reference model, whose shapes are fixed already
+                fast.apply(self.model, packed=False)  # fixed shapes, no host sync
             self.graphed = GraphedStep(
                 self.model, self.optimizer, self.task.padded_loss, max_norm, dtype
             )

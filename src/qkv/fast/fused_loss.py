@@ -7,17 +7,12 @@ zeros, the two gradients added and the log-softmax's backward. Here `torch.compi
 
 - forward: each row's maximum, sum of exponentials, sum and label's logit, read while the row
   is in cache; only the log-sum-exp per row is kept for the backward;
-- backward: softmax minus the smoothed target, times the loss's gradient, written in one pass;
-  with `overwrite=True` (the trainer's logits, used by nothing else) written over the logits
-  themselves, which spares a fresh (M, V) block: the pass took 3.0 instead of 7.9 ms at
-  2,048 × 8,000, and whole training steps ran 1.02x as fast
-  (`benchmarks/train_ab.py --change overwrite`).
+- backward: softmax minus the smoothed target, times the loss's gradient, written in one pass.
 
 Compiling takes a few seconds once per process (less once inductor's cache on disk has the
 kernels), so this applies only where it pays (`applies`): on the CPU, in float32, when the
 logits need a gradient, and for at least `MIN_ELEMENTS` logits; and where torch.compile works
-(`qkv.fast.compiled`). Elsewhere `F.cross_entropy` does the work. Each backward loop is compiled
-at its first use only (training overwrites, so it never compiles the other).
+(`qkv.fast.compiled`). Elsewhere `F.cross_entropy` does the work.
 """
 
 from __future__ import annotations
@@ -49,19 +44,13 @@ def applies(logits: Tensor) -> bool:
 
 
 def smoothed_cross_entropy(
-    logits: Tensor, labels: Tensor, smoothing: float, ignore_index: int, overwrite: bool = False
+    logits: Tensor, labels: Tensor, smoothing: float, ignore_index: int
 ) -> Tensor:
     """Summed label-smoothed cross-entropy, as `F.cross_entropy(..., reduction="sum")`, where
     `applies`: logits (M, V) float32, labels (M,) -> scalar; rows labelled `ignore_index` add
     nothing.
-
-    With `overwrite`, the backward writes the logits' gradient over the logits (not a leaf
-    tensor's: those are the caller's own). Autograd then refuses, with its error about a
-    variable modified in place, a backward through anything else that kept them, and a second
-    backward through this loss (`retain_graph`).
     """
-    overwrite = overwrite and not logits.is_leaf
-    loss: Tensor = _FusedLoss.apply(logits, labels, smoothing, ignore_index, overwrite)
+    loss: Tensor = _FusedLoss.apply(logits, labels, smoothing, ignore_index)
     return loss
 
 
@@ -73,26 +62,21 @@ class _FusedLoss(torch.autograd.Function):
         labels: Tensor,
         smoothing: float,
         ignore_index: int,
-        overwrite: bool,
     ) -> Tensor:
         kernel = _forward_kernel()
         assert kernel is not None  # `applies` checked
         loss, lse = kernel(logits, labels, smoothing, ignore_index)
         ctx.save_for_backward(logits, labels, lse)
-        ctx.smoothing, ctx.ignore_index, ctx.overwrite = smoothing, ignore_index, overwrite
+        ctx.smoothing, ctx.ignore_index = smoothing, ignore_index
         return loss
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None, None]:
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
         logits, labels, lse = ctx.saved_tensors  # the logits need a gradient: `applies`
         args = (logits, labels, lse, grad, ctx.smoothing, ctx.ignore_index)
-        in_place = _in_place_kernel() if ctx.overwrite else None
-        if in_place is not None:
-            in_place(*args)  # bumps the logits' version: autograd refuses to read them again
-            return logits.detach(), None, None, None, None
-        kernel = _grad_kernel()  # not asked to overwrite, or that kernel failed to compile
+        kernel = _grad_kernel()
         grad_logits = kernel(*args) if kernel is not None else _grad(*args)
-        return grad_logits, None, None, None, None
+        return grad_logits, None, None, None
 
 
 def _example() -> tuple[Tensor, Tensor, Tensor]:
@@ -114,14 +98,8 @@ def _forward_kernel() -> Callable[..., Any] | None:
 
 @functools.cache
 def _grad_kernel() -> Callable[..., Any] | None:
-    """`_grad` compiled for any M and V, or None: compiled only if a backward asks for it."""
+    """`_grad` compiled for any M and V, or None: compiled at the first backward."""
     return compiled(_grad, *_example(), torch.tensor(1.0), 0.1, 0)
-
-
-@functools.cache
-def _in_place_kernel() -> Callable[..., Any] | None:
-    """`_grad_in_place` compiled for any M and V, or None."""
-    return compiled(_grad_in_place, *_example(), torch.tensor(1.0), 0.1, 0)
 
 
 def _loss_and_lse(
@@ -149,10 +127,3 @@ def _grad(
     uniform = smoothing / logits.size(1)
     target = torch.where(hit, 1.0 - smoothing + uniform, uniform)  # (M, V)
     return torch.where(kept, ((logits - lse).exp() - target) * grad, 0.0)
-
-
-def _grad_in_place(
-    logits: Tensor, labels: Tensor, lse: Tensor, grad: Tensor, smoothing: float, ignore_index: int
-) -> None:
-    """`_grad`, written over the logits (M, V)."""
-    logits.copy_(_grad(logits, labels, lse, grad, smoothing, ignore_index))

@@ -1,4 +1,4 @@
-"""`qkv.training.fused_loss`: the compiled label-smoothed loss equals `F.cross_entropy`."""
+"""`qkv.fast.fused_loss`: the compiled label-smoothed loss equals `F.cross_entropy`."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from qkv.fast import fused_loss
 from qkv.fast.compiled import allow
-from qkv.training import fused_loss
 from qkv.training.losses import smoothed_cross_entropy
 
 PAD = 0
@@ -74,50 +74,6 @@ def test_smoothed_cross_entropy_takes_the_compiled_loss_where_it_applies(
         logits, labels, ignore_index=PAD, label_smoothing=0.1, reduction="sum"
     )
     torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-3)
-
-
-def _nonleaf_case(rows: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A leaf weight (V, 16), states (M, 16) and labels (M,): logits `states @ weight.t()` are
-    not a leaf, so they may be overwritten."""
-    labels = torch.randint(1, vocab, (rows,))
-    labels[::5] = PAD
-    return torch.randn(vocab, 16, requires_grad=True), torch.randn(rows, 16), labels
-
-
-def test_overwrite_writes_the_same_gradient_over_the_logits() -> None:
-    weight, states, labels = _nonleaf_case(40, 700)
-    logits = states @ weight.t()  # (M, V)
-    kept = logits.detach().clone()
-    grads: list[torch.Tensor] = []
-    logits.register_hook(lambda grad: grads.append(grad.clone()))
-    fused_loss.smoothed_cross_entropy(logits, labels, 0.1, PAD).backward()
-    assert torch.equal(logits.detach(), kept)
-    expected, weight.grad = weight.grad, None
-    logits = states @ weight.t()
-    fused_loss.smoothed_cross_entropy(logits, labels, 0.1, PAD, overwrite=True).backward()
-    torch.testing.assert_close(weight.grad, expected)
-    assert torch.equal(logits.detach(), grads[0])  # the logits now hold their gradient
-
-
-def test_overwrite_leaves_a_leaf_alone_and_autograd_refuses_a_second_backward() -> None:
-    logits, labels = _case(30, 600)
-    kept = logits.detach().clone()
-    fused_loss.smoothed_cross_entropy(logits, labels, 0.1, PAD, overwrite=True).backward()
-    assert torch.equal(logits.detach(), kept)  # a leaf is the caller's own: not written
-    weight, states, labels = _nonleaf_case(30, 600)
-    loss = fused_loss.smoothed_cross_entropy(states @ weight.t(), labels, 0.1, PAD, overwrite=True)
-    loss.backward(retain_graph=True)
-    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-        loss.backward()
-
-
-def test_overwrite_is_refused_by_autograd_where_something_else_kept_the_logits() -> None:
-    weight, states, labels = _nonleaf_case(30, 600)
-    logits = states @ weight.t()
-    other = logits.pow(2).sum()  # keeps the logits for its backward, which runs after the loss's
-    loss = fused_loss.smoothed_cross_entropy(logits, labels, 0.1, PAD, overwrite=True)
-    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-        (loss + other).backward()
 
 
 def test_without_a_compiled_backward_the_eager_gradient_is_the_same(
