@@ -42,7 +42,6 @@ from qkv.inference.beam import beam_search
 from qkv.inference.graphed import StaticDecoder
 from qkv.inference.incremental import DecodingWeights, ModelDecoder
 from qkv.inference.search import greedy_search
-from qkv.inference.search_graphs import SearchGraphs
 from qkv.inference.workers import auto_workers, map_in_workers
 from qkv.model import ModelConfig, Seq2SeqTransformer
 from qkv.training.graphed import GraphedStep
@@ -86,8 +85,6 @@ class QkvSystem:
     def __init__(self, shape: Shape, cuda_graphs: bool = True) -> None:
         self.allocator_tuned = tune_allocator()
         self.cuda_graphs = cuda_graphs
-        self._graphs: SearchGraphs | None = None
-        self._graphs_dtype: torch.dtype | None = None
         self._weights: DecodingWeights | None = None
         config = model_config(shape)
         self.model = fast.apply(Seq2SeqTransformer(config))  # as `qkv train` and `Translator`
@@ -154,13 +151,9 @@ class QkvSystem:
         return bucket_loss(self.model, inputs, LABEL_SMOOTHING, PAD)
 
     def greedy(self, src: Tensor, n: int) -> Tensor:
-        """What `qkv translate` runs: on a GPU, whole steps as graphs (`graphed_search.py`)."""
+        """What `qkv translate` runs: on a GPU, each model step as a graph replay."""
         budget = torch.full((src.size(0),), n, dtype=torch.long, device=src.device)
-        if self.cuda_graphs and src.is_cuda:
-            found = self.search_graphs().greedy(src, budget, BOS, EOS)
-        else:
-            decoder = ModelDecoder(self.model, src, n, (EOS,), self.decoding_weights)
-            found = greedy_search(decoder, src.size(0), budget, BOS, EOS)
+        found = greedy_search(self.decoder(src, n, 1), src.size(0), budget, BOS, EOS)
         return torch.tensor(found, dtype=torch.long)  # (B, n)
 
     def map_batches(
@@ -174,11 +167,7 @@ class QkvSystem:
 
     def beam(self, src: Tensor, n: int, k: int) -> Tensor:
         budget = torch.full((src.size(0),), n, dtype=torch.long, device=src.device)
-        if self.cuda_graphs and src.is_cuda:
-            found = self.search_graphs().beam(src, k, budget, BEAM_ALPHA, BOS, EOS)
-        else:
-            decoder = ModelDecoder(self.model, src, n, (EOS,), self.decoding_weights)
-            found = beam_search(decoder, src.size(0), k, budget, BEAM_ALPHA, BOS, EOS)
+        found = beam_search(self.decoder(src, n, k), src.size(0), k, budget, BEAM_ALPHA, BOS, EOS)
         return torch.tensor([hyps[0].tokens for hyps in found], dtype=torch.long)  # (B, n)
 
     @property
@@ -190,15 +179,12 @@ class QkvSystem:
             self._weights = DecodingWeights(self.model)
         return self._weights
 
-    def search_graphs(self) -> SearchGraphs:
-        """The recorded searches, kept across batches like `translate_ids` keeps them across
-        the batches of a call; made again when the weights were cast (graphs read weights
-        where they were when recorded)."""
-        dtype = next(self.model.parameters()).dtype
-        if self._graphs is None or self._graphs_dtype != dtype:
-            self._graphs = SearchGraphs(self.model, decoder_type=NoEndStaticDecoder)
-            self._graphs_dtype = dtype
-        return self._graphs
+    def decoder(self, src: Tensor, n: int, width: int) -> NoEndStaticDecoder | ModelDecoder:
+        """`make_decoder`'s choice, EOS never chosen: graph replays on a GPU, the frozen
+        decoder on a CPU."""
+        if self.cuda_graphs and src.is_cuda:
+            return NoEndStaticDecoder(self.model, src, n, src.size(0) * width)
+        return ModelDecoder(self.model, src, n, (EOS,), self.decoding_weights)
 
 
 def bucketed_batches(batches: list[dict[str, np.ndarray]], seed: int) -> list[PairBatch]:

@@ -13,13 +13,10 @@ import torch
 
 from qkv.cli import main
 from qkv.data.tokenizer import Tokenizer
-from qkv.inference.beam import beam_search
 from qkv.inference.classifier import Classifier
 from qkv.inference.graphed import StaticDecoder
-from qkv.inference.graphed_search import graphed_beam_search, graphed_greedy_search
 from qkv.inference.incremental import ModelDecoder
 from qkv.inference.precision import decoding_model
-from qkv.inference.search import greedy_search
 from qkv.inference.translate import DecodeOptions, translate_ids
 from qkv.inference.translator import Translator
 from qkv.model.classifier import TextClassifier
@@ -28,7 +25,7 @@ from qkv.tasks.classification import ClassificationData
 from qkv.tasks.dates import generate_date_pairs
 from qkv.training.graphed import GraphedStep
 from qkv.training.optimizer import adamw
-from tests.inference.helpers import EndingOften, ReferenceDecoder
+from tests.inference.helpers import ReferenceDecoder
 from tests.model.helpers import random_ids, tiny_config
 from tests.tasks.helpers import write_dates
 from tests.training.test_graphed import BATCHES, _task
@@ -204,41 +201,6 @@ def test_graphed_decoding_keeps_one_cublas_workspace() -> None:
     graphed, eager = map(float, done.stdout.split())
     assert eager > 0  # workspaces are in torch's allocator, so the comparison means something
     assert graphed == pytest.approx(eager)
-
-
-@pytest.mark.parametrize("eos_bias", [0.0, 2.5])
-def test_graphed_searches_replay_what_they_compute_eagerly(
-    model: Seq2SeqTransformer, eos_bias: float
-) -> None:
-    """Greedy and beam-4 search steps recorded as one graph with the decoding step: the same
-    hypotheses as the same steps run eagerly on the GPU, and as the host-driven searches."""
-    model.to(CUDA)
-    src = random_ids(6, 7, vocab=60).to(CUDA)
-    src[2, 3:] = 0
-    budgets = torch.tensor([3, 9, 1, 12, 0, 6], device=CUDA)
-    with torch.inference_mode():
-        beams = []
-        for graph in (False, True):
-            decoder = EndingOften(model, src, 12, 24, graph=graph)
-            decoder.eos_bias = eos_bias
-            beams.append(graphed_beam_search(decoder, 6, 4, budgets))
-        host = EndingOften(model, src, 12, 24, graph=False)
-        host.eos_bias = eos_bias
-        expected = beam_search(host, 6, 4, budgets)
-        for found in beams:
-            assert [[h.tokens for h in hyps] for hyps in found] == [
-                [h.tokens for h in hyps] for hyps in expected
-            ]
-            scores = [h.score for hyps in found for h in hyps]
-            assert scores == pytest.approx([h.score for hyps in expected for h in hyps], abs=1e-5)
-        paths = []
-        for graph in (False, True):
-            decoder = EndingOften(model, src, 12, 6, graph=graph)
-            decoder.eos_bias = eos_bias
-            paths.append(graphed_greedy_search(decoder, 6, budgets))
-        host = EndingOften(model, src, 12, 6, graph=False)
-        host.eos_bias = eos_bias
-        assert paths[0] == paths[1] == greedy_search(host, 6, budgets)
 
 
 def test_bf16_weights_replay_the_eager_bf16_steps(model: Seq2SeqTransformer) -> None:

@@ -78,7 +78,7 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
     _add_speed_options(translate)
     translate.add_argument("--input", metavar="FILE", help="one sentence per line (default stdin)")
     translate.add_argument("--output", metavar="FILE", help="default stdout")
-    # What these options are when not given, so that one that does not apply can be refused.
+    # Their defaults, so that one given where it does not apply can be refused.
     defaults = {dest: translate.get_default(dest) for dest in SEARCH_OPTIONS + SAMPLING_OPTIONS}
     translate.set_defaults(run=_run_translate, option_defaults=defaults)
 
@@ -157,7 +157,7 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     _add_speed_options(evaluate)
     evaluate.add_argument("--json", action="store_true", help="print one JSON object")
     translation_only = ("src", "ref", "beam", "alpha", "max_len_a", "max_len_b", "workers", "bf16")
-    # What an option is when not given, so that one given for the other task can be refused.
+    # Their defaults, so that one given for the other task can be refused.
     defaults = {"translation": {dest: evaluate.get_default(dest) for dest in translation_only}}
     defaults["classification"] = {"data": evaluate.get_default("data")}
     evaluate.set_defaults(run=_run_evaluate, task_options=defaults)
@@ -225,7 +225,7 @@ def _add_plot(sub: argparse._SubParsersAction) -> None:
 
 
 def _lazy(name: str) -> Callable[[argparse.Namespace], int]:
-    """Import a command's module only when it runs, so `qkv --help` stays fast."""
+    """A runner that imports the command's module only when run, so `qkv --help` stays fast."""
 
     def run(args: argparse.Namespace) -> int:
         module = importlib.import_module(f"qkv.commands.{name}")
@@ -306,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("qkv: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader of stdout went away (`| head`)
-        if args.command == "train":  # before training began (it stops itself in a step)
+        if args.command == "train":  # training had not begun (once begun, it stops itself)
             print("qkv: stdout closed before training began", file=sys.stderr)
             return 130
         return 0
@@ -316,8 +316,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def given_options(args: argparse.Namespace, defaults: dict[str, object]) -> list[str]:
-    """The flags ("--top-k") of those options in `defaults` (by destination, with the value
-    each has when not given) that the command line set to something else."""
+    """The flags ("--top-k") of the options in `defaults` (destination -> default value) that
+    the command line set to something else."""
     return [
         "--" + dest.replace("_", "-")
         for dest, default in defaults.items()
@@ -326,8 +326,8 @@ def given_options(args: argparse.Namespace, defaults: dict[str, object]) -> list
 
 
 def device_name(args: argparse.Namespace) -> str:
-    """The device a command runs on: --device, where auto means the CPU when --workers asks
-    for more than one CPU thread."""
+    """The device a command runs on: --device, with auto meaning the CPU when --workers is
+    above 1."""
     if args.device == "auto" and getattr(args, "workers", 0) > 1:
         return "cpu"
     return str(args.device)

@@ -1,7 +1,6 @@
 """User-facing errors: one line that says what is wrong and where.
 
-The command line catches `QkvError`, prints its message and exits with code 2; nothing else in
-the package prints tracebacks at users.
+The command line prints a `QkvError`'s message, without a traceback, and exits with code 2.
 """
 
 from __future__ import annotations
@@ -40,8 +39,8 @@ class CheckpointError(QkvError):
 def os_problem(error: OSError) -> str:
     """One line for an operating-system error: the path at fault and what is wrong.
 
-    A path that cannot be reached because a file stands where a directory would be names
-    that file: "runs/a/b: runs/a is a file, not a directory".
+    A path blocked by a file where a directory should be names that file:
+    "runs/a/b: runs/a is a file, not a directory".
     """
     reason = error.strerror or str(error)
     path = error.filename2 if error.filename2 is not None else error.filename

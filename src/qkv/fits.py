@@ -1,5 +1,5 @@
-"""Whether a value has the type a config field declares: for configs made in Python and for
-the JSON that `config.json` holds alike."""
+"""Whether a value has the type a config field declares, for configs made in Python and read
+from `config.json` alike."""
 
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ def type_name(annotation: Any) -> str:
 
 
 def typed_section(section: Any, config: type, name: str) -> dict[str, Any]:
-    """`section`, a mapping read from JSON, checked to be an object whose values fit the
-    fields of the dataclass `config` (keys it lacks are left to `config` to refuse).
+    """`section`, read from JSON, checked to be an object whose values fit the fields of the
+    dataclass `config` (unknown keys are left to `config` to refuse).
 
     Raises:
         ConfigError: naming `name.key` and the value that does not fit.

@@ -53,7 +53,7 @@ def _convert(name: str, text: str, annotation: Any) -> Any:
 
 
 def apply(config: T, values: dict[str, str]) -> tuple[T, dict[str, str]]:
-    """Apply the overrides that name fields of `config`; return it and the ones left over."""
+    """Applies the overrides that name fields of `config`; returns it and the rest."""
     assert dataclasses.is_dataclass(config) and not isinstance(config, type)
     hints = typing.get_type_hints(type(config))
     names = {f.name for f in dataclasses.fields(config)}
@@ -63,7 +63,7 @@ def apply(config: T, values: dict[str, str]) -> tuple[T, dict[str, str]]:
 
 
 def apply_all(data: T, model: U, train: V, values: dict[str, str]) -> tuple[T, U, V]:
-    """Apply overrides to the data, model and training configs; unknown keys are an error."""
+    """Applies overrides to the data, model and training configs; unknown keys raise ConfigError."""
     data, rest = apply(data, values)
     model, rest = apply(model, rest)
     train, rest = apply(train, rest)

@@ -1,4 +1,4 @@
-"""Named configurations, as functions. `key=value` overrides are applied on top of them."""
+"""Named configurations, as functions; `key=value` overrides are applied on top of them."""
 
 from __future__ import annotations
 
@@ -64,8 +64,7 @@ def model_preset(name: str, **overrides: Any) -> ModelConfig:
     return replace(MODEL_PRESETS[name](), **overrides)
 
 
-# --------------------------------------------------------------------------- task presets
-# A task preset is a model config plus a training config; data settings come from the flags.
+# Task presets: a model config and a training config; data settings come from the flags.
 
 
 def _translation_presets() -> dict[str, tuple[ModelConfig, TrainConfig]]:
@@ -118,9 +117,9 @@ def classification_preset(name: str) -> tuple[ModelConfig, TrainConfig, Classifi
     """Model, training and data settings of the classification preset `name`.
 
     `seed` mirrors the tutorial's Keras classifier: 128-wide embeddings, one single-head
-    self-attention layer, average pooling, dropout 0.5, a dense softmax layer, Adam, 5 epochs,
-    and reviews cut to 64 words, which is about 80 BPE tokens (head and tail kept).
-    `strong` is a full encoder over long head+tail excerpts.
+    self-attention layer, average pooling, dropout 0.5, a dense softmax layer, Adam, 5 epochs
+    and reviews cut to 64 words (some 80 BPE tokens, head and tail kept). `strong` is a full
+    encoder over long head+tail excerpts.
     """
     from qkv.tasks.classification import ClassificationData
 

@@ -1,4 +1,4 @@
-"""The run directory: the unit users hand around.
+"""The run directory, the unit users hand around:
 
     RUN/config.json        resolved configuration with a format version
     RUN/tokenizer.json     the subword tokenizer
@@ -6,7 +6,7 @@
     RUN/checkpoints/       full training state, for --resume
     RUN/metrics.jsonl      one JSON record per log line
 
-Everything that loads a run needs only its path; nothing here unpickles anything.
+Loading a run needs only its path, and unpickles nothing.
 """
 
 from __future__ import annotations
@@ -92,8 +92,8 @@ class RunConfig:
             raise CheckpointError(f"{path}: invalid config (no {' or '.join(missing)} section)")
         try:
             model = typed_section(raw["model"], ModelConfig, "model")
-            # qkv writes every field: one missing would be filled by a default that the
-            # weights need not fit, and they would be blamed.
+            # qkv writes every field: a default for a missing one may not fit the weights,
+            # which would then be blamed.
             if lacking := [f.name for f in fields(ModelConfig) if f.name not in model]:
                 raise ConfigError(f"the model section has no {', '.join(lacking)}")
             return cls(
@@ -108,9 +108,9 @@ class RunConfig:
 
 @contextmanager
 def run_lock(run_dir: Path) -> Iterator[None]:
-    """Hold `RUN/.lock` while training into `run_dir` (made if missing), so that a second
-    process training into it is refused instead of mixing its files with the first's. The
-    kernel lets go of the lock when the process ends, however it ends.
+    """Holds `RUN/.lock` while training into `run_dir` (created if missing), so that a second
+    process is refused rather than mixing its files in. The kernel releases the lock when the
+    process ends, however it ends.
 
     Raises:
         ConfigError: if another process holds the lock.
@@ -138,11 +138,10 @@ def run_lock(run_dir: Path) -> Iterator[None]:
 
 
 def load_run_weights(model: nn.Module, run_dir: Path) -> None:
-    """Load a run's best weights into `model`.
+    """Loads a run's best weights into `model`.
 
     Raises:
-        CheckpointError: if they do not fit or are damaged, or if there are none yet (then
-            saying how to go on).
+        CheckpointError: they do not fit, are damaged, or do not exist yet (saying how to go on).
     """
     path = run_dir / WEIGHTS_FILE
     if not path.exists():  # `run_dir` holds a run: the caller loaded its config
@@ -161,8 +160,8 @@ M = TypeVar("M", bound=nn.Module)
 
 
 def build_model(factory: Callable[[ModelConfig], M], config: ModelConfig) -> M:
-    """`factory(config)`, with a one-line ConfigError for a config it refuses or a model too
-    large for this machine's memory, in place of a traceback."""
+    """`factory(config)`, raising a one-line ConfigError, not a traceback, for a config it
+    refuses or a model too large for memory."""
     try:
         return factory(config)
     except ValueError as error:
@@ -178,7 +177,7 @@ def build_model(factory: Callable[[ModelConfig], M], config: ModelConfig) -> M:
 
 
 def data_settings(kind: type[T], values: dict[str, Any], run_dir: Path) -> T:
-    """A task's data settings from config.json, with a clear error when they do not fit."""
+    """A task's data settings from config.json; CheckpointError when they do not fit."""
     try:
         return kind(**typed_section(values, kind, "data"))
     except (TypeError, ConfigError) as error:

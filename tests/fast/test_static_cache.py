@@ -8,7 +8,6 @@ from torch import Tensor
 
 from qkv.fast.static_cache import (
     StaticDecoderCache,
-    cross_keys_values,
     init_static_cache,
     static_step,
 )
@@ -50,7 +49,7 @@ def test_static_steps_equal_the_growing_cache_and_the_full_forward(
     torch.testing.assert_close(torch.stack(got, 1), model(src, tgt), atol=1e-5, rtol=1e-5)
 
 
-def test_select_and_gather_reorder_rows_as_the_growing_cache_does(
+def test_select_reorders_rows_as_the_growing_cache_does(
     model: Seq2SeqTransformer,
 ) -> None:
     src, tgt = random_ids(2, 6), random_ids(4, 4)
@@ -63,30 +62,14 @@ def test_select_and_gather_reorder_rows_as_the_growing_cache_does(
         model.decode_step(tgt[:2, 0], cache)
         static.select(expand)
         cache.select(expand)
-        reorder = torch.tensor([1, 0, 3, 2])  # within each source, as `gather` must keep them
+        reorder = torch.tensor([1, 0, 3, 2])  # within each source
         for t in range(1, 4):
             got = step(model, tgt[:, t], static)
             torch.testing.assert_close(
                 got, model.decode_step(tgt[:, t], cache), atol=1e-5, rtol=1e-5
             )
-            static.gather_self_attention(reorder)
+            static.select(reorder)
             cache.select(reorder)
-
-
-def test_new_sources_load_into_the_same_buffers(model: Seq2SeqTransformer) -> None:
-    first, second = random_ids(2, 5), random_ids(2, 5)
-    second[0, 3:] = 0
-    tgt = random_ids(2, 3)
-    with torch.inference_mode():
-        memory, src_mask, _ = model.encode(first)
-        static = init_static_cache(model, memory, src_mask, max_len=3, rows=2)
-        step(model, tgt[:, 0], static)
-        buffers = [k.data_ptr() for k in static.cross_keys]
-        memory, src_mask, _ = model.encode(second)
-        static.load_sources(cross_keys_values(model, memory), src_mask)
-        assert static.length == 0 and [k.data_ptr() for k in static.cross_keys] == buffers
-        got = torch.stack([step(model, tgt[:, t], static) for t in range(3)], dim=1)
-    torch.testing.assert_close(got, model(second, tgt), atol=1e-5, rtol=1e-5)
 
 
 def test_bad_sizes_are_refused(model: Seq2SeqTransformer) -> None:

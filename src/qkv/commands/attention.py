@@ -1,9 +1,9 @@
 """`qkv attention`: draw the attention maps a trained run computes for one input.
 
-For a translation run the source is translated greedily, then the source and the BOS-prefixed
-output are run once more through the weights path of attention, which returns every map: encoder
-self (source x source), decoder self (target x target) and cross (target x source). For a
-classification run there is only encoder self-attention, and the title names the predicted label.
+A translation run translates the source greedily, then runs the source and the BOS-prefixed
+output through the model once more to return every map: encoder self (source x source),
+decoder self (target x target) and cross (target x source). A classification run has only
+encoder self-attention, and the title names the predicted label.
 """
 
 from __future__ import annotations
@@ -25,19 +25,12 @@ KINDS = (ENCODER_SELF, DECODER_SELF, CROSS)
 
 @dataclass
 class SentenceAttention:
-    """Every attention map of one input, with the tokens that label its axes.
+    """Every attention map of one input, by kind, with the tokens that label its axes."""
 
-    Attributes:
-        maps: per kind, one tensor per layer of shape (H, Tq, Tk).
-        query_tokens: per kind, the Tq row labels.
-        key_tokens: per kind, the Tk column labels.
-        title: what the model made of the input, e.g. "3 March 2021 → 2021-03-03".
-    """
-
-    maps: dict[str, list[Tensor]]
-    query_tokens: dict[str, list[str]]
-    key_tokens: dict[str, list[str]]
-    title: str
+    maps: dict[str, list[Tensor]]  # one (H, Tq, Tk) tensor per layer
+    query_tokens: dict[str, list[str]]  # the Tq row labels
+    key_tokens: dict[str, list[str]]  # the Tk column labels
+    title: str  # what the model made of the input, e.g. "3 March 2021 → 2021-03-03"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,8 +43,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def parse_kinds(text: str | None) -> list[str] | None:
-    """ "encoder self, cross" -> ["encoder self", "cross"]; hyphens and underscores read as
-    spaces. None or blank gives None (every kind).
+    """ "encoder self, cross" -> ["encoder self", "cross"], hyphens and underscores read as
+    spaces; None or blank gives None (every kind).
 
     Raises:
         ConfigError: if a kind is unknown.
@@ -71,7 +64,7 @@ def parse_kinds(text: str | None) -> list[str] | None:
 
 
 def parse_indices(text: str | None, flag: str) -> list[int] | None:
-    """ "0,2" -> [0, 2]. None or blank gives None (all).
+    """ "0,2" -> [0, 2]; None or blank gives None (all).
 
     Raises:
         ConfigError: if an item is not a whole number of 0 or more.
@@ -100,23 +93,18 @@ def draw_attention(
     layers: Sequence[int] | None = None,
     heads: Sequence[int] | None = None,
 ) -> Path:
-    """Draws the attention maps of one input to a picture (PNG, SVG, PDF, ...).
+    """Draws the attention maps of one input to a picture (PNG, SVG, PDF, ...); returns its path.
 
     Args:
         run_dir: a translation or classification run.
         text: the source sentence (translation) or the text (classification).
-        out: the picture to write, its format from its suffix; missing parent directories
-            are created.
-        kinds: any of "encoder self", "decoder self", "cross"; None draws all that the model
-            has. A classification run draws only the encoder self-attention.
-        layers: 0-based layers to draw, for every kind; None draws all.
-        heads: 0-based heads to draw; None draws all.
-
-    Returns:
-        The path written.
+        out: the picture, its format from its suffix; missing parent directories are created.
+        kinds: any of "encoder self", "decoder self", "cross"; None draws all the model has
+            (a classifier has only encoder self-attention).
+        layers, heads: 0-based layers (for every kind) and heads to draw; None draws all.
 
     Raises:
-        ConfigError: if the text is empty, or no requested kind exists in this model.
+        ConfigError: if the text is empty, or the model has none of the requested kinds.
         QkvError: if a layer or head is out of range, or the run cannot be loaded.
     """
     from qkv.viz.attention import plot_attention, select_panels
@@ -139,7 +127,7 @@ def sentence_attention(run_dir: str | Path, text: str) -> SentenceAttention:
     """Runs one input through a run's model and returns every attention map.
 
     Raises:
-        ConfigError: if the text is empty or has no tokens.
+        ConfigError: if the text is empty, not valid text, or has no tokens.
         CheckpointError: if the run cannot be loaded or has an unknown task.
     """
     from qkv.run import RunConfig

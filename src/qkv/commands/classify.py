@@ -65,9 +65,8 @@ def evaluate_classification(args: argparse.Namespace) -> int:
 
 
 def confusion_lines(labels: list[str], confusion: list[list[int]]) -> list[str]:
-    """The confusion matrix as lines whose columns line up on a terminal: a header of labels,
-    then a row per true label. Wide characters (CJK, emoji) take two columns there, combining
-    marks and joiners none."""
+    """The confusion matrix as terminal lines: a header of labels, then a row per true label,
+    aligned by display width (see `display_width`)."""
     cells = [*labels, *(str(count) for row in confusion for count in row)]
     width = max(display_width(cell) for cell in cells)
 
@@ -81,7 +80,8 @@ def confusion_lines(labels: list[str], confusion: list[list[int]]) -> list[str]:
 
 
 def display_width(text: str) -> int:
-    """Columns `text` takes on a terminal."""
+    """Columns `text` takes on a terminal: two for wide characters (CJK, emoji), none for
+    combining marks and joiners."""
     return sum(_columns(character) for character in text)
 
 

@@ -12,8 +12,8 @@ from qkv.training.checkpoint import atomic_write_text
 
 
 def input_lines(path: str | None) -> list[str]:
-    """Lines of `path`, or of stdin, split on "\\n" only in both cases, gunzipped in both cases
-    when gzipped; empty lines are kept (they translate to empty lines)."""
+    """Lines of `path` or stdin, gunzipped if gzipped and split on "\\n" only; empty lines are
+    kept (they translate to empty lines)."""
     if path:
         return read_lines(Path(path), allow_empty=True)
     if sys.stdin is None:  # started with stdin closed (`<&-`)
@@ -46,8 +46,8 @@ def check_output(path: str | None) -> None:
         return
     if not target.parent.is_dir():
         raise DataError(path, f"cannot write (no directory {target.parent})")
-    # Make and remove a file beside it, as writing the output will: os.access says yes to
-    # root even where the file system says no (/proc, read-only mounts).
+    # Create and remove a sibling, as the write will: os.access says yes to root even where
+    # the file system says no (/proc, read-only mounts).
     probe = target.with_name(f".{target.name}.{os.getpid()}.probe")
     try:
         probe.open("x").close()
@@ -57,8 +57,8 @@ def check_output(path: str | None) -> None:
 
 
 def write_lines(path: str | None, lines: list[str]) -> None:
-    """Lines to `path`, or to stdout. A file is replaced whole or not at all (written to a
-    temporary sibling, then renamed); a device or pipe such as /dev/stdout is written in place."""
+    """Writes lines to `path` or stdout. A file is replaced whole or not at all (through a
+    temporary sibling); a device or pipe such as /dev/stdout is written in place."""
     text = "".join(line + "\n" for line in lines)
     if path:
         target = Path(path)

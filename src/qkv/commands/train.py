@@ -16,7 +16,7 @@ NOT_FOR = {
     "translation": {"n_classes", "pooling", "head_dropout"},
     "classification": {"n_decoder_layers", "tgt_vocab_size", "tie_embeddings"},
 }
-"""Model settings that mean nothing to a task's model."""
+"""Model settings that do not apply to a task's model."""
 FLAGS = {
     "translation": ("--data", "--src", "--tgt"),
     "classification": ("--train", "--valid", "--valid-fraction"),
@@ -83,10 +83,10 @@ def run(args: argparse.Namespace) -> int:
 
             return train_classification(args, out, values)
     except BaseException:
-        if not (out / CONFIG_FILE).exists():  # failed before the run began: its files go
+        if not (out / CONFIG_FILE).exists():  # no run was saved: remove what this one made
             if created:
                 shutil.rmtree(out, ignore_errors=True)
-            elif began:  # the directory was empty: all it holds is this run's
+            elif began:  # it was empty: everything in it is this run's
                 _empty(out)
             elif not had_lock:
                 (out / LOCK_FILE).unlink(missing_ok=True)
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _empty(directory: Path) -> None:
-    """Remove everything inside `directory`, leaving it empty."""
+    """Removes everything inside `directory`, leaving it empty."""
     for path in directory.iterdir():
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
@@ -103,8 +103,8 @@ def _empty(directory: Path) -> None:
 
 
 def _given(args: argparse.Namespace, flags: tuple[str, ...]) -> list[str]:
-    """Those of `flags` ("--out", or "task" for the positional one) given on the command line
-    (none of them has a default there)."""
+    """Those of `flags` ("--out", or "task" for the positional) given on the command line,
+    where none has a default."""
     names = {flag: flag.removeprefix("--").replace("-", "_") for flag in flags}
     return [flag for flag, name in names.items() if getattr(args, name, None) is not None]
 
@@ -124,8 +124,8 @@ DATA_PATHS = ("data_dir", "train_file", "valid_file")
 
 
 def _resume(run_dir: Path, values: dict[str, str]) -> int:
-    """Continue a run; training settings (threads, max_minutes, max_epochs, ...) may change,
-    and so may the places of its data files, if they moved."""
+    """Continues a run; training settings (threads, max_minutes, ...) may change, and so may
+    the places of its data files, if they moved."""
 
     run = RunConfig.load(run_dir)
     with run_lock(run_dir):
@@ -157,7 +157,7 @@ def _resume_locked(run_dir: Path, run: RunConfig, values: dict[str, str]) -> int
                 "only training settings and the data's places can change when resuming, "
                 f"not: {', '.join(sorted(rest))}"
             )
-    # The changes are saved once the data checks out (the same text, wherever it now is).
+    # The changes are saved once the data checks out: the same text, wherever it now is.
     if run.task == "translation":
         from qkv.tasks.translation import train_translation
 
@@ -170,7 +170,7 @@ def _resume_locked(run_dir: Path, run: RunConfig, values: dict[str, str]) -> int
 
 
 def report_done(task: str, run_dir: Path, progress: Progress) -> int:
-    """Print where a finished run is, its best score, and how to use it; exit code 0."""
+    """Prints where a finished run is, its best score and how to use it; returns exit code 0."""
     if task == "translation":
         best = f"bleu {progress.best:.2f}"
         use = f"translate with: qkv translate {run_dir} --input FILE"

@@ -1,7 +1,7 @@
-"""Turn token-id sequences into padded batches, grouped by length under a token budget.
+"""Padded batches of token ids, grouped by length under a token budget.
 
-Shapes: `B` batch, `S` source length, `T` target length (the alphabet of `qkv.model`).
-Padding uses `PAD_ID` everywhere; the padding mask is derived from it by `qkv.model.masks`.
+Shapes: `B` batch, `S` source length, `T` target length, as in `qkv.model`. Padding is
+`PAD_ID`, from which `qkv.model.masks` derives the padding mask.
 """
 
 from __future__ import annotations
@@ -16,22 +16,16 @@ import torch
 
 from qkv.data.special import BOS_ID, CLS_ID, EOS_ID, PAD_ID
 
-SHUFFLE_SEED_STRIDE = 100003  # a prime, so (seed, epoch) pairs map to distinct RNG seeds
+SHUFFLE_SEED_STRIDE = 100003  # prime: distinct (seed, epoch) pairs give distinct RNG seeds
 
 
 @dataclass(frozen=True)
 class PairBatch:
-    """A batch of translation pairs.
+    """A batch of translation pairs."""
 
-    Attributes:
-        src: source ids, (B, S).
-        tgt_in: decoder input, BOS followed by the target, (B, T).
-        labels: what the decoder must predict, the target followed by EOS, (B, T).
-    """
-
-    src: torch.Tensor  # (B, S)
-    tgt_in: torch.Tensor  # (B, T)
-    labels: torch.Tensor  # (B, T)
+    src: torch.Tensor  # (B, S) source ids
+    tgt_in: torch.Tensor  # (B, T) decoder input: BOS, then the target
+    labels: torch.Tensor  # (B, T) what the decoder must predict: the target, then EOS
 
     @property
     def n_target_tokens(self) -> int:
@@ -49,15 +43,10 @@ class PairBatch:
 
 @dataclass(frozen=True)
 class TextBatch:
-    """A batch of texts to classify.
+    """A batch of texts to classify."""
 
-    Attributes:
-        ids: token ids, CLS first when the model pools on it, (B, S).
-        labels: class indices, (B,).
-    """
-
-    ids: torch.Tensor  # (B, S)
-    labels: torch.Tensor  # (B,)
+    ids: torch.Tensor  # (B, S) token ids, CLS first when the model pools on it
+    labels: torch.Tensor  # (B,) class indices
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> TextBatch:
         """The same batch on `device`."""
@@ -68,14 +57,12 @@ class TextBatch:
 
 
 def collate_pairs(src: Sequence[list[int]], tgt: Sequence[list[int]]) -> PairBatch:
-    """Pads source and target sequences into a `PairBatch`.
+    """Pads source and target sequences into a `PairBatch` whose `tgt_in` is `[BOS] + tgt`
+    and whose `labels` are `tgt + [EOS]`.
 
     Args:
         src: B source id lists, each non-empty, without special tokens.
         tgt: B target id lists, without special tokens.
-
-    Returns:
-        The batch: `tgt_in = [BOS] + tgt`, `labels = tgt + [EOS]`, both padded with PAD.
 
     Raises:
         ValueError: the batch is empty, the sides differ in size, or a source is empty.
@@ -95,20 +82,16 @@ def collate_pairs(src: Sequence[list[int]], tgt: Sequence[list[int]]) -> PairBat
 
 
 def pad_to_bucket(batch: PairBatch, rows: int = 16, length: int = 8) -> PairBatch:
-    """The batch padded to a coarser shape, so that batches of similar shape share one.
+    """The batch padded to a coarser shape, on its device: src (B', S'), tgt_in, labels (B', T').
 
-    B grows to a multiple of `rows`, S and T to multiples of `length`. A CUDA graph replays
-    one shape only; rounding shapes up lets a few graphs serve every batch. The rows added
-    carry no target (their labels are all PAD), so they add nothing to a loss over real
-    targets; each holds one token on both sides (EOS in the source, BOS in the decoder
-    input) so that its attention has a key to attend to and stays finite.
+    B is rounded up to a multiple of `rows`, S and T to multiples of `length`, so that a few
+    CUDA graphs (one shape each) serve every batch. Added rows have all-PAD labels, adding
+    nothing to the loss, and hold EOS in the source and BOS in the decoder input so that
+    their attention has a key and stays finite.
 
     Args:
         batch: src (B, S), tgt_in and labels (B, T).
-        rows, length: the multiples to round B and S, T up to.
-
-    Returns:
-        src (B', S'), tgt_in and labels (B', T'), on the batch's device.
+        rows, length: the multiples B and S, T are rounded up to.
     """
     batch_size, src_len = batch.src.shape
     tgt_len = batch.labels.size(1)
@@ -122,20 +105,16 @@ def pad_to_bucket(batch: PairBatch, rows: int = 16, length: int = 8) -> PairBatc
 
 
 def target_rows(labels: torch.Tensor, multiple: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
-    """Where the real targets of a padded batch are, as a list of a rounded length.
+    """The flat positions b * T + t of the real targets of a padded batch, and their labels:
+    rows (K,) and labels (K,), long, filled up with 0 and with PAD (which a loss ignores).
 
-    A step recorded as a CUDA graph cannot select the real target positions on the device:
-    their number would have to be read back first. The host knows it. Projecting only these
-    rows to the vocabulary saves the largest matmul and its (rows, V) logits on padding.
+    A CUDA-graph step cannot count the real targets on the device without a read-back; the
+    host can. Projecting only these rows to the vocabulary skips the largest matmul and its
+    (rows, V) logits on padding.
 
     Args:
-        labels: (B, T), PAD where there is no target, on the CPU.
+        labels: (B, T) on the CPU, PAD where there is no target.
         multiple: K is the number of real targets rounded up to a multiple of this.
-
-    Returns:
-        rows (K,) long, the flat position b * T + t of each real target, then 0 in the
-        filler rows; and their labels (K,) long, PAD in the filler rows (which a loss
-        ignores).
     """
     flat = labels.reshape(-1)  # (B * T,)
     real = (flat != PAD_ID).nonzero().squeeze(1)  # (M,)
@@ -148,8 +127,8 @@ def target_rows(labels: torch.Tensor, multiple: int = 256) -> tuple[torch.Tensor
 
 
 def bucket_inputs(batch: PairBatch) -> dict[str, torch.Tensor]:
-    """A CPU batch as the inputs of a training step recorded as a CUDA graph: padded to its
-    bucket shape (`pad_to_bucket`), with its target rows (`target_rows`).
+    """A CPU batch as the inputs of a CUDA-graph training step: `pad_to_bucket`, then
+    `target_rows`.
 
     Returns:
         src (B', S'), tgt_in (B', T'), rows (K,) and labels (K,), on the CPU.
@@ -177,7 +156,7 @@ def collate_texts(ids: Sequence[list[int]], labels: Sequence[int], cls: bool = F
     Args:
         ids: B id lists, without special tokens.
         labels: B class indices.
-        cls: put CLS before each text, for models that classify from its output.
+        cls: put CLS first in each text, for models that classify from its output.
 
     Raises:
         ValueError: the batch is empty or `ids` and `labels` differ in size.
@@ -209,24 +188,19 @@ def token_budget_batches(
     epoch: int,
     max_sentences: int | None = None,
 ) -> list[list[int]]:
-    """Groups example indices into batches of similar length under a token budget.
+    """Groups the indices of `lengths` into batches of similar length under a token budget;
+    each index appears in exactly one batch.
 
-    Examples are sorted by length, so a batch wastes little on padding, and cut greedily so that
-    `len(batch) * max(lengths in batch) <= max_tokens`; an example longer than the budget gets a
-    batch of its own. With `shuffle`, examples of equal length are ordered randomly and the
-    batches are returned in random order, both drawn from (seed, epoch): the same pair gives the
-    same batches, another epoch gives different ones.
+    Examples are sorted by length and cut greedily so that `len(batch) * max(lengths in
+    batch) <= max_tokens`; an example over the budget is a batch of its own. With `shuffle`,
+    ties in length and the batch order are random, drawn from (seed, epoch) alone.
 
     Args:
-        lengths: padded length each example will occupy (see `pair_lengths`).
-        max_tokens: budget of tokens, padding included, per batch.
-        shuffle: randomise for training; without it the order is by length, for evaluation.
-        seed: run seed.
-        epoch: epoch number.
+        lengths: padded length of each example (see `pair_lengths`).
+        max_tokens: tokens per batch, padding included.
+        shuffle: randomise (training); without it, batches follow length order (evaluation).
+        seed, epoch: the run seed and the epoch number.
         max_sentences: optional cap on the examples per batch.
-
-    Returns:
-        Lists of indices into `lengths`; every index appears exactly once.
 
     Raises:
         ValueError: `max_tokens` or `max_sentences` is below 1.
@@ -249,18 +223,14 @@ def token_budget_batches(
 
 
 def truncate(ids: list[int], max_len: int, head_tail: bool = False) -> list[int]:
-    """Shortens a sequence to at most `max_len` ids.
+    """A new list of at most `max_len` of `ids`, which is left unchanged.
 
     Args:
         ids: the sequence.
         max_len: the most ids to keep, at least 1.
-        head_tail: keep the first quarter (`max_len // 4`) and the last three quarters of the
-            budget instead of only the beginning. A 1:3 head-to-tail split is the one Sun et
-            al. (2019, "How to Fine-Tune BERT for Text Classification") found best on long
-            reviews, whose conclusion at the end carries much of the sentiment.
-
-    Returns:
-        A new list, `ids` itself unchanged.
+        head_tail: keep the first quarter of the budget and the last three quarters, the
+            split Sun et al. (2019, "How to Fine-Tune BERT for Text Classification") found
+            best on long reviews, whose ending carries much of the sentiment.
     """
     if max_len < 1:
         raise ValueError(f"max_len must be at least 1, got {max_len}")
@@ -282,7 +252,7 @@ def _cut(
         cap = max_tokens // max(sorted_lengths[start], 1)
         if max_sentences is not None:
             cap = min(cap, max_sentences)
-        # (end - start) * sorted_lengths[end - 1] grows with end: find the last end in budget.
+        # (end - start) * sorted_lengths[end - 1] grows with end: the last end in budget.
         low, high = start + 1, min(n, start + max(cap, 1))
         while low < high:
             middle = (low + high + 1) // 2
@@ -298,11 +268,8 @@ def _cut(
 def _pad_rows(
     rows: Sequence[Sequence[int]], first: int | None = None, last: int | None = None
 ) -> np.ndarray:
-    """Right-pads rows with PAD into an int64 array, optionally framed by `first` and `last`.
-
-    Returns:
-        Array of shape (len(rows), longest row + framing tokens).
-    """
+    """Rows right-padded with PAD into an int64 array of shape (len(rows), longest row +
+    framing), each optionally framed by `first` and `last`."""
     offset = int(first is not None)
     lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
     width = int(lengths.max(initial=0)) + offset + int(last is not None)

@@ -1,7 +1,7 @@
-"""Tokenized corpora cached as safetensors (flat ids + offsets), so a run tokenizes once.
+"""Tokenized corpora cached as safetensors (flat ids + lengths), so a run tokenizes once.
 
-The cache also keeps a digest of the text each split was made from, so that a resumed run can
-tell the same data at a new place (which it accepts) from other data (which it refuses).
+The cache also holds a digest of each split's text, so that a resumed run accepts the same
+data at a new place and refuses other data.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from qkv.errors import DataError
 from qkv.training.checkpoint import save_tensors
 
 DIGEST_PREFIX = "digest."
-"""Metadata keys of the cache file: "digest.train" holds the digest of the training text."""
+"""Prefix of the cache's metadata keys: "digest.train" holds the training text's digest."""
 
 
 def text_digest(*columns: Sequence[str]) -> str:
-    """sha256 of columns of strings (a split's sources and targets, or texts and labels):
-    equal exactly when the columns hold the same strings in the same order."""
+    """sha256 of columns of strings (e.g. sources and targets): equal exactly when the
+    columns hold the same strings in the same order."""
     digest = hashlib.sha256()
     for column in columns:
         digest.update(f"{len(column)};".encode())
@@ -39,8 +39,8 @@ def text_digest(*columns: Sequence[str]) -> str:
 def save_id_lists(
     path: Path, corpora: dict[str, list[list[int]]], digests: dict[str, str] | None = None
 ) -> None:
-    """Write named lists of id sequences atomically, with the `text_digest` of each split's
-    text (`digests`, by split name) in the file's metadata."""
+    """Writes named lists of id sequences atomically, with `digests` (each split's
+    `text_digest`, by split name) in the file's metadata."""
     tensors: dict[str, torch.Tensor] = {}
     for name, seqs in corpora.items():
         lengths = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))
@@ -55,7 +55,7 @@ def save_id_lists(
 
 
 def load_id_lists(path: Path) -> dict[str, list[list[int]]] | None:
-    """Read what `save_id_lists` wrote; None when the cache is missing or unreadable."""
+    """Reads what `save_id_lists` wrote; None when the cache is missing or unreadable."""
     try:
         tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError):
@@ -76,16 +76,16 @@ def load_id_lists(path: Path) -> dict[str, list[list[int]]] | None:
 
 
 def check_same_data(path: Path, texts: dict[str, tuple[Path, str]]) -> None:
-    """Refuse text that is not what the cache at `path` was made from.
+    """Refuses text that is not what the cache at `path` was made from.
 
     Args:
-        path: the cache file; one that is missing, unreadable or without digests (written by
-            an older qkv) checks nothing.
-        texts: by split name ("train", or "train.src" for one side of it), the file it is
-            read from and the `text_digest` of what was read.
+        path: the cache file; a missing or unreadable one, or one without digests, checks
+            nothing.
+        texts: by split name ("train", or "train.src" for one side), the file read and the
+            `text_digest` of its text.
 
     Raises:
-        DataError: naming the first file whose text differs from what the cache was made of.
+        DataError: naming the first file whose text differs from the cached digest.
     """
     try:
         with safe_open(str(path), "pt") as cache:

@@ -1,8 +1,8 @@
-"""Read corpora from disk: plain or gzipped UTF-8 text, JSON Lines, CSV and TSV.
+"""Corpus readers: plain or gzipped UTF-8 text, JSON Lines, CSV and TSV.
 
-Every problem with a file (missing, not UTF-8, truncated gzip, malformed record) is raised as a
-`DataError` that names the file and, where it applies, the 1-based line, so the user can open the
-file at the right place. No other exception escapes these functions for a bad file.
+Every problem with a file (missing, not UTF-8, truncated gzip, malformed record) is a
+`DataError` naming the file and, where it applies, the 1-based line; no other exception
+escapes for a bad file.
 """
 
 from __future__ import annotations
@@ -22,26 +22,22 @@ GZIP_MAGIC = b"\x1f\x8b"
 LABELLED_FORMATS = (".jsonl", ".json", ".csv", ".tsv")
 NO_FILE, A_DIRECTORY = "no such file", "is a directory, expected a file"
 FIELD_SIZE_LIMIT = 2**31 - 1
-"""The longest CSV or TSV field read, in characters (Python's default is 131,072)."""
+"""The longest CSV or TSV field read, in characters (the `csv` module's default is 131,072)."""
 
 
 def read_lines(path: str | Path, *, allow_empty: bool = False) -> list[str]:
-    """Reads a text file into one string per line.
+    """Reads a text file into its lines, without their "\\n" and carriage returns.
 
-    Lines are split on "\\n" only (not on the other Unicode line breaks `str.splitlines` knows),
-    so a stray U+2028 inside a sentence cannot shift a parallel corpus out of alignment.
+    Lines are split on "\\n" only, not on the other breaks `str.splitlines` knows, so that a
+    stray U+2028 cannot shift a parallel corpus out of alignment.
 
     Args:
-        path: a UTF-8 text file, optionally gzip-compressed (recognised by its magic bytes).
+        path: a UTF-8 text file, optionally gzipped (recognised by its magic bytes).
         allow_empty: accept blank lines (see `is_blank`) instead of rejecting them.
 
-    Returns:
-        The lines without their trailing "\\n" and carriage returns.
-
     Raises:
-        DataError: the file is missing, unreadable, empty, not UTF-8, a corrupt gzip, has its
-            lines ended by carriage returns alone, or has a blank line while `allow_empty` is
-            False.
+        DataError: the file is missing, unreadable, empty, not UTF-8, a corrupt gzip, ends
+            its lines with carriage returns alone, or has a blank line without `allow_empty`.
     """
     lines = split_lines(_read_utf8(path), path)
     if not allow_empty:
@@ -52,25 +48,22 @@ def read_lines(path: str | Path, *, allow_empty: bool = False) -> list[str]:
 
 
 def is_blank(text: str) -> bool:
-    """Whether `text` shows nothing: only whitespace and invisible format characters (zero-width
-    spaces and joiners, direction marks, byte-order marks)."""
+    """Whether `text` is only whitespace and invisible format characters (zero-width spaces
+    and joiners, direction marks, byte-order marks)."""
     return all(c.isspace() or unicodedata.category(c) == "Cf" for c in text)
 
 
 def find_split(data_dir: str | Path, split: str, lang: str) -> Path:
-    """Finds the file of one side of a split, e.g. `train.de` or `train.de.gz`.
+    """The file of one side of a split: the first of `{split}.{lang}` and `{split}.{lang}.gz`
+    in `data_dir` that exists.
 
     Args:
         data_dir: directory holding the corpus.
-        split: "train", "valid", "test", ...
-        lang: language code used as the file suffix.
-
-    Returns:
-        The first of `{split}.{lang}` and `{split}.{lang}.gz` that exists.
+        split, lang: the split ("train", "val", ...) and the language code, e.g. "de".
 
     Raises:
-        DataError: `data_dir` is not a directory, neither file exists, or the first that exists
-            is a directory.
+        DataError: `data_dir` is not a directory, neither file exists, or the first that
+            exists is a directory.
     """
     directory = Path(data_dir)
     if not directory.is_dir():
@@ -86,10 +79,7 @@ def find_split(data_dir: str | Path, split: str, lang: str) -> Path:
 
 
 def read_parallel(src_path: str | Path, tgt_path: str | Path) -> tuple[list[str], list[str]]:
-    """Reads a sentence-aligned pair of files.
-
-    Returns:
-        (source lines, target lines), of equal length.
+    """Reads a sentence-aligned pair of files into (source lines, target lines).
 
     Raises:
         DataError: either file is bad, or their line counts differ.
@@ -113,28 +103,23 @@ def read_labelled(
     known_labels: Collection[str] | None = None,
     clean: Callable[[str], str] | None = None,
 ) -> tuple[list[str], list[str]]:
-    """Reads a text-classification file.
+    """Reads a text-classification file into (texts, labels).
 
-    The format follows the suffix (after removing ".gz"): ".jsonl"/".json" hold one JSON object
-    per line; ".csv" and ".tsv" have a header row naming the columns. TSV fields are not quoted,
-    so quotation marks in a TSV text are kept as they are. Blank lines between records are skipped.
+    The suffix (less ".gz") gives the format: ".jsonl"/".json" hold one JSON object per line,
+    ".csv" and ".tsv" a header row naming the columns, then records; TSV fields are not
+    quoted, so quotation marks are kept. Blank lines are skipped. Labels are strings (a JSON
+    1 becomes "1") in NFC, so that labels that look the same are the same.
 
     Args:
         path: the file.
-        text_field: the field or column with the text.
-        label_field: the field or column with the label.
-        known_labels: the labels allowed (named in this order by the error), or None for any.
+        text_field, label_field: the field or column holding the text, and the label.
+        known_labels: the labels allowed (listed in this order by the error), or None for any.
         clean: how the texts will be cleaned before use; a text blank once cleaned is refused.
-
-    Returns:
-        (texts, labels), labels as strings (a JSON 1 becomes "1") in Unicode's composed form
-        (NFC), so that labels that look the same are the same.
 
     Raises:
         DataError: unknown format, a malformed record, a missing field, a column named twice,
-            a blank text or label, a label with a line break, tab or other control character,
-            text that is not Unicode (a lone surrogate from a JSON escape), a label not in
-            `known_labels`, or no records at all.
+            a blank text or label, a control character (line break, tab, ...) in a label, a
+            lone surrogate (from a JSON escape), a label not in `known_labels`, or no records.
     """
     texts: list[str] = []
     labels: list[str] = []
@@ -151,10 +136,8 @@ def read_labelled(
 def read_texts(
     path: str | Path, *, text_field: str = "text", clean: Callable[[str], str] | None = None
 ) -> list[str]:
-    """Reads texts to predict on.
-
-    A ".jsonl"/".json" file gives the `text_field` field of each object, a ".csv"/".tsv" file
-    its `text_field` column; any other file gives one text per line.
+    """Reads texts to predict on: the `text_field` of each record of a JSON Lines, CSV or
+    TSV file (see `read_labelled`), or one text per line of any other file.
 
     Args:
         clean: how the texts will be cleaned before use; a text blank once cleaned is refused.
@@ -183,11 +166,11 @@ def _read_utf8(path: str | Path) -> str:
 
 
 def decode_utf8(data: bytes, path: str | Path) -> str:
-    """`data` as UTF-8 text.
+    """`data` decoded as UTF-8.
 
     Raises:
-        DataError: naming `path` and the line, column (in characters, as an editor counts
-            them) and byte of the first invalid sequence.
+        DataError: naming `path` and the line, column (in characters) and byte of the first
+            invalid sequence.
     """
     try:
         return data.decode("utf-8")
@@ -235,12 +218,11 @@ def gunzip(data: bytes, path: str | Path) -> bytes:
 
 
 def split_lines(text: str, path: str | Path) -> list[str]:
-    """Lines of `text`, read from `path`, split on "\\n" only (see `read_lines`), without the
-    carriage returns that end them ("\\r\\n", and "\\r\\r\\n" from a file converted twice).
+    """Lines of `text` (read from `path`) split on "\\n" only, without the carriage returns
+    that end them ("\\r\\n", or "\\r\\r\\n" from a file converted twice).
 
     Raises:
-        DataError: the text has carriage returns inside but no "\\n": lines ended the way of
-            the classic Mac OS, which would read as one line.
+        DataError: the text has carriage returns but no "\\n" (classic Mac OS line ends).
     """
     lines = text.split("\n")
     if lines[-1] == "":
@@ -265,7 +247,7 @@ def _read_records(path: str | Path, fields: Sequence[str]) -> list[tuple[int, li
         records = _read_json_lines(path, fields)
     elif suffix in (".csv", ".tsv"):
         records = _read_table(path, fields, tsv=suffix == ".tsv")
-    else:  # a missing file or a directory says so before its name is blamed
+    else:  # a missing file or a directory is reported as such, not as a format
         if Path(path).is_dir():
             raise DataError(path, A_DIRECTORY)
         if not Path(path).exists():
@@ -353,8 +335,8 @@ def _check_text(
 
 
 def lone_surrogate(text: str) -> str | None:
-    """ "U+D800" for the first half of a surrogate pair in `text` that no character matches (a
-    JSON escape such as \\ud800, an undecodable byte of a command-line argument), else None."""
+    """ "U+D800" for the first lone surrogate in `text` (from a JSON escape such as \\ud800
+    or an undecodable byte of a command-line argument), else None."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as error:
@@ -366,7 +348,7 @@ def texts_list(texts: Iterable[str], name: str) -> list[str]:
     """`texts` as a list (a generator is read once), for an API that takes many texts.
 
     Raises:
-        TypeError: if `texts` is one string, or holds something else than strings.
+        TypeError: `texts` is one string, or holds something other than strings.
     """
     if isinstance(texts, str):
         raise TypeError(f"{name} must be a list of strings, not one string")
@@ -378,7 +360,7 @@ def texts_list(texts: Iterable[str], name: str) -> list[str]:
 
 
 def _check_unicode(path: str | Path, value: str, field: str, line: int) -> None:
-    """Refuse a lone surrogate (a JSON escape such as \\ud800 that no character matches)."""
+    """Refuses a lone surrogate, such as a JSON escape \\ud800."""
     if (code := lone_surrogate(value)) is not None:
         raise DataError(path, f"'{field}' holds {code}, half of a surrogate pair, not text", line)
 
@@ -399,7 +381,7 @@ def _check_label(path: str | Path, value: object, field: str, line: int) -> str:
             "a label is one line of text",
             line=line,
         )
-    # Composed (NFC), so that an "é" typed as one character or as "e" and an accent is one label.
+    # NFC: an "é" typed as one character or as "e" plus an accent is one label.
     return unicodedata.normalize("NFC", label)
 
 

@@ -1,9 +1,8 @@
 """Subword tokenizer: byte-pair encoding over SentencePiece-style "▁"-marked words.
 
-A thin wrapper around a Hugging Face `tokenizers.Tokenizer` that fixes the choices the rest of
-the package relies on: the special tokens of `qkv.data.special` occupy the first ids, nothing is
-added around encoded text (the batching code adds BOS, EOS and CLS), and decoding undoes the
-word-boundary marker so that `decode(encode(text))` gives back ordinary detokenized text.
+Wraps a Hugging Face `tokenizers.Tokenizer` with what the package relies on: the special
+tokens of `qkv.data.special` take the first ids, encoding adds no special tokens (batching
+adds BOS, EOS and CLS), and `decode(encode(text))` gives back ordinary text.
 """
 
 from __future__ import annotations
@@ -24,13 +23,13 @@ from qkv.errors import CheckpointError, ConfigError
 from qkv.training.checkpoint import atomic_write_text
 
 TOKENIZER_FILENAME = "tokenizer.json"
-WORD_MARKER = "▁"  # U+2581, replaces the space before each word, as in SentencePiece
-ALPHABET_LIMIT = 1000  # the rarest characters beyond this become <unk> rather than eat the vocab
+WORD_MARKER = "▁"  # U+2581: replaces the space before each word, as in SentencePiece
+ALPHABET_LIMIT = 1000  # the alphabet keeps this many commonest characters; rarer become <unk>
 TRAIN_CHUNK = 1000  # texts handed to the trainer at a time
 
 
 def check_vocabulary(vocab_size: int, min_frequency: int) -> None:
-    """Raise ConfigError unless the BPE settings can make a vocabulary."""
+    """Raises ConfigError unless the BPE settings can make a vocabulary."""
     if vocab_size <= len(SPECIAL_TOKENS):
         specials = len(SPECIAL_TOKENS)
         raise ConfigError(
@@ -62,7 +61,7 @@ class Tokenizer:
 
     def __init__(self, hf_tokenizer: HfTokenizer) -> None:
         self._hf = hf_tokenizer
-        # Text that happens to contain "</s>" is encoded as characters, never as EOS.
+        # Text containing "</s>" is encoded as characters, never as EOS.
         self._hf.encode_special_tokens = True
 
     @classmethod
@@ -73,16 +72,13 @@ class Tokenizer:
         min_frequency: int = 2,
         lowercase: bool = False,
     ) -> Tokenizer:
-        """Learns a BPE vocabulary from texts.
+        """Learns a BPE vocabulary from texts and returns the trained tokenizer.
 
         Args:
             texts: training sentences, read once, lazily.
             vocab_size: size of the vocabulary, special tokens and alphabet included.
             min_frequency: pairs seen fewer times than this are never merged.
             lowercase: lowercase all text before tokenizing (also when encoding later).
-
-        Returns:
-            The trained tokenizer.
 
         Raises:
             ConfigError: if `vocab_size` or `min_frequency` is out of range.
@@ -109,10 +105,10 @@ class Tokenizer:
         return cls(hf)
 
     def save(self, path: str | Path) -> None:
-        """Writes the tokenizer as JSON, atomically: a crash leaves the old file or the new one.
+        """Writes the tokenizer as JSON, atomically: a crash leaves the old file or the new.
 
         Args:
-            path: the file to write, conventionally `run_dir / TOKENIZER_FILENAME`.
+            path: the file, conventionally `run_dir / TOKENIZER_FILENAME`.
         """
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -176,13 +172,12 @@ class Tokenizer:
         return self.encode_batch([text])[0]
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """Token ids of many texts, encoded in parallel; same result as `encode` on each.
+        """Token ids of many texts, encoded in parallel; the same as `encode` on each.
 
         Raises:
             TypeError: if a text is not a string.
-            ValueError: if a text is not Unicode (it holds half of a surrogate pair, as an
-                undecodable byte of a command-line argument or a JSON escape such as \\ud800
-                does), naming the first such text.
+            ValueError: naming the first text that is not Unicode (it holds a lone surrogate,
+                from an undecodable byte of a command-line argument or a JSON escape).
         """
         texts = list(texts)  # a generator is read once
         try:
@@ -203,10 +198,8 @@ class Tokenizer:
         return [encoding.ids for encoding in encodings]
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Detokenized text of ids; special tokens and ids outside the vocabulary are skipped.
-
-        Decoding does not stop at EOS: callers cut the sequence there first.
-        """
+        """Detokenized text of ids, skipping special tokens and ids outside the vocabulary.
+        It does not stop at EOS: callers cut the sequence there first."""
         return self._hf.decode(self._valid(ids), skip_special_tokens=True)
 
     def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
@@ -215,19 +208,15 @@ class Tokenizer:
         return self._hf.decode_batch(valid, skip_special_tokens=True)
 
     def tokens(self, text: str) -> list[str]:
-        """Display labels of the pieces `encode` cuts `text` into, e.g. for attention plots.
-
-        See `tokens_from_ids` for how a piece is shown.
-        """
+        """Display labels (see `tokens_from_ids`) of the pieces `encode` cuts `text` into."""
         return [_display(piece) for piece in self._hf.encode(text, add_special_tokens=False).tokens]
 
     def tokens_from_ids(self, ids: Sequence[int]) -> list[str]:
-        """Display labels of ids, e.g. of a generated translation, for attention plots.
+        """Display labels of ids, e.g. for attention plots.
 
-        A piece that starts a word is shown without its "▁" marker ("▁Zwei" → "Zwei"); a piece
-        that continues a word is shown as it is ("nen"), so a word split into pieces reads as
-        "Zwei", "Männ", "er". A bare "▁" (a space of its own) stays visible as "▁". Special
-        tokens are shown by name ("</s>").
+        A piece that starts a word loses its "▁" marker and one inside a word is kept as it
+        is, so "▁Zwei", "▁Männ", "er" read "Zwei", "Männ", "er"; a bare "▁" stays "▁", and
+        special tokens show their names ("</s>").
         """
         return [_display(self.id_to_token(i)) for i in ids]
 
@@ -253,11 +242,11 @@ def _display(piece: str) -> str:
 
 @contextmanager
 def _interrupts_kept() -> Iterator[None]:
-    """Hold Ctrl-C back while the tokenizers' Rust code runs, and deliver it once it returns.
+    """Holds Ctrl-C back while the tokenizers' Rust code runs and delivers it on return.
 
-    The Rust code checks for signals as it works and can drop the KeyboardInterrupt it gets
-    there, so that an interrupted program would go on as if nothing had happened. Outside the
-    main thread (where no handler can be set) the block runs as it is.
+    The Rust code checks for signals and can swallow the KeyboardInterrupt, so the program
+    would go on as if not interrupted. Outside the main thread, where no handler can be set,
+    the block runs unguarded.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -281,7 +270,7 @@ def _chunks(texts: Iterable[str], size: int) -> Iterator[list[str]]:
 
 
 def _special_ids_problem(hf: HfTokenizer) -> str | None:
-    """Describes how the special-token ids differ from `qkv.data.special`, or None if they match."""
+    """How the special-token ids differ from `qkv.data.special`, or None if they match."""
     for expected_id, token in enumerate(SPECIAL_TOKENS):
         actual_id = hf.token_to_id(token)
         if actual_id != expected_id:

@@ -12,11 +12,11 @@ from sacrebleu.metrics import BLEU, CHRF
 class TranslationScores:
     """Corpus scores of a system output against one reference per sentence."""
 
-    bleu: float  # sacreBLEU, cased, 13a tokenisation (the standard figure)
+    bleu: float  # sacreBLEU, cased, 13a tokenisation: the standard score
     bleu_signature: str
     chrf: float
     chrf_signature: str
-    bleu_lowercase: float  # secondary: lowercased tokens, the figure tutorials often publish
+    bleu_lowercase: float  # secondary: lowercased, as tutorials often report
     sentences: int
 
     def to_dict(self) -> dict[str, Any]:
@@ -24,7 +24,7 @@ class TranslationScores:
 
 
 def score_translations(hypotheses: list[str], references: list[str]) -> TranslationScores:
-    """Score `hypotheses` against `references` (equal length lists of detokenized text).
+    """Scores `hypotheses` against `references`, equal-length lists of detokenized text.
 
     Raises:
         TypeError: if either is one string rather than a list of sentences.

@@ -23,13 +23,11 @@ def score_classification(
 ) -> ClassificationScores:
     """Scores of predicted label indices against gold indices.
 
-    Macro-F1 averages the F1 of the labels that occur among the gold labels or the predictions
-    (as scikit-learn's `f1_score(average="macro")` does): a label absent from both says nothing
-    about this test set.
+    Macro-F1 averages the F1 of the labels among the gold labels or the predictions, as
+    scikit-learn's `f1_score(average="macro")` does: a label absent from both says nothing.
 
     Raises:
-        ValueError: if the lists differ in length or hold something else than indices of
-            `labels`.
+        ValueError: the lists differ in length or hold other than indices of `labels`.
     """
     if len(gold) != len(predicted):
         raise ValueError(f"{len(gold)} gold labels but {len(predicted)} predictions")

@@ -1,18 +1,12 @@
-"""Speed, applied to a reference model from outside in one call.
+"""Fast subclasses of the reference modules, swapped into a model in place by `apply`.
 
-`qkv.model` is the reference network in public PyTorch. `apply(model)` turns a model into its
-fast form in place: the same parameters, the same state dict, the same numbers up to float
-rounding (each path is tested equal to the reference), listed with its measured gain in
-`docs/performance.md`:
-
-- `PackedEncoder` / `PackedDecoder` (`packed.py`): every layer on the real tokens only;
-  attention from packed rows to packed rows (`packed_attention.py`);
-- `Linear` (`linear.py`): float32 products of a CPU training step through oneDNN;
-- `Dropout` (`dropout.py`): cheap masks, hashed in a compiled loop;
-- `FusedFeedForward` (`fused_ffn.py`): Linear -> ReLU -> dropout as one step each way.
-
-Decoding adds `frozen_for_decoding` (`decoding.py`: reordered weights, attention over the cache
-as two products) and the output layer's screened argmax (`qkv.inference.output_layer`).
+They keep the parameters and state dict of `qkv.model`'s modules and give the same numbers up
+to float rounding (each is tested against the reference; gains in `docs/performance.md`):
+`PackedEncoder` / `PackedDecoder` run every layer on the real tokens only (`packed.py`),
+`Linear` sends a CPU training step's float32 products to oneDNN (`linear.py`), `Dropout`
+hashes its masks in a compiled loop (`dropout.py`) and `FusedFeedForward` makes
+Linear -> ReLU -> dropout one step each way (`fused_ffn.py`). Decoding adds
+`frozen_for_decoding` (`decoding.py`).
 """
 
 from __future__ import annotations
@@ -42,8 +36,7 @@ def apply(model: nn.Module, packed: bool = True) -> nn.Module:
     Args:
         model: a `Seq2SeqTransformer` or `TextClassifier` (or any module holding their parts).
         packed: whether the encoder and decoder run on the real tokens only. False keeps every
-            shape a function of the batch's shape, with no host sync (what a training step
-            recorded as a CUDA graph needs).
+            shape a function of the batch's shape, with no host sync, as a CUDA graph needs.
     """
     for module in model.modules():
         fast = _FAST.get(type(module))

@@ -1,17 +1,12 @@
-"""A model's decoder made fast for decoding steps on a CPU, its parameters shared.
+"""A translation model's decoder made fast for CPU decoding steps, its parameters shared.
 
-`frozen_for_decoding` copies the module tree of a translation model's decoder (the parameters
-are shared, not copied) and in the copy:
-
-- every linear layer is a `FrozenLinear`, its weight reordered once for oneDNN, and the
-  feed-forward network's ReLU applied by oneDNN as it writes the product (`StepFeedForward`);
-- attention over the cache is two batched products with the source mask added by the first
-  (`StepAttention`): at one query per row the fused kernel costs more than it saves, and
-  `baddbmm` reads the cached keys and values in place.
-
-The encoder is the model's own: it runs once per batch, over all of the batch's source tokens,
-where its products are as fast without a reordered copy. The numbers are the reference's up to
-float rounding (tested: the same token ids).
+In the copy that `frozen_for_decoding` makes, every linear layer is a `FrozenLinear` (weight
+reordered once for oneDNN, which also applies the feed-forward ReLU: `StepFeedForward`), and
+attention over the cache is two batched products with the source mask added by the first
+(`StepAttention`): at one query per row the fused kernel costs more than it saves, and
+`baddbmm` reads the cached keys and values in place. The encoder stays the model's own: it
+runs once per batch, where a reordered copy gains nothing. Results match the reference up to
+float rounding (tested on the token ids).
 """
 
 from __future__ import annotations
@@ -62,8 +57,8 @@ class StepAttention(MultiHeadAttention):
         return self.out_proj(merged), None
 
     def _bias(self, mask: Tensor, heads: int, dtype: torch.dtype) -> tuple[Tensor, bool]:
-        """The mask (B, 1, 1, S) as scores' bias (B * H, 1, S): 0 or -inf, made once per mask
-        (a few at a time: batches decoded side by side in threads each have their own)."""
+        """The mask (B, 1, 1, S) as a scores bias (B * H, 1, S) of 0 or -inf, and whether a row
+        has no real source token; cached for a few masks (batches decoded in threads)."""
         made = self._biases.get(id(mask))
         if made is None or made[0] is not mask:
             bias = torch.zeros(mask.size(0), heads, 1, mask.size(-1), dtype=dtype)
@@ -85,7 +80,7 @@ class StepFeedForward(FeedForward):
 
 
 def frozen_for_decoding(model: Seq2SeqTransformer, rows: int) -> Seq2SeqTransformer:
-    """A copy of `model` for decoding steps (parameters shared, see the module docstring).
+    """A copy of `model` for decoding steps, sharing its parameters (see the module docstring).
 
     Args:
         model: the translation model, in eval mode.

@@ -1,21 +1,14 @@
 """Dropout whose random masks are cheap to draw on the CPU.
 
-`torch.bernoulli_` draws one random number per element; here each 64-bit random word is cut into
-four 16-bit integers, and an element is dropped when its integer falls below a threshold. The
-drop probability is p rounded to a multiple of 1/65536 and the kept values are scaled by the
-exact inverse of the keep probability, so the expected output equals the input, as with
-`nn.Dropout`. The words come from one of two places:
-
-- On the CPU, for at least `HASHED_MIN` elements, where torch.compile works (`qkv.fast.compiled`):
-  word j of a call is SplitMix64's output at position j of a stream that starts at a seed drawn
-  from torch's generator. Being a function of (seed, j), it is computed inside one compiled
-  loop that also multiplies, on every core, and the backward computes the same mask again from
-  the seed: no words and no mask are stored (`_HashedDropout`).
-- Elsewhere, from torch's generator itself (`random_`, mt19937 on the CPU, one core), and the
-  float multiplier is kept for the backward.
-
-Both ways take their randomness from torch's global generator: `torch.manual_seed` makes the
-masks repeatable.
+Each 64-bit random word gives four 16-bit integers, where `torch.bernoulli_` draws one number
+per element; an element is dropped when its integer is below a threshold. p is thus rounded to
+a multiple of 1/65536, and kept values are scaled by the exact inverse of the keep probability,
+so the expected output equals the input. On the CPU, for at least `HASHED_MIN` elements where
+torch.compile works, word j is SplitMix64's output at position j of a stream seeded from
+torch's generator: one compiled loop draws and applies the mask on every core, and the backward
+recomputes it from the seed, so only the seed is stored (`_HashedDropout`). Elsewhere the words
+come from torch's generator (`random_`) and the float multiplier is kept for the backward.
+Either way `torch.manual_seed` makes the masks repeatable.
 """
 
 from __future__ import annotations
@@ -32,8 +25,7 @@ from qkv.fast.compiled import allowed, compiled
 _LEVELS = 1 << 16  # values of a 16-bit slice
 HASHED_MIN = 1 << 18  # elements from which the CPU's masks are hashed in a compiled loop
 
-# SplitMix64 (Steele, Lea and Flood, 2014): its increment and its two mixing multipliers, as
-# int64 (two's complement) values
+# SplitMix64 (Steele, Lea and Flood, 2014): increment and mixing multipliers, as int64 values
 _GAMMA = 0x9E3779B97F4A7C15 - (1 << 64)
 _MIX1 = 0xBF58476D1CE4E5B9 - (1 << 64)
 _MIX2 = 0x94D049BB133111EB - (1 << 64)
@@ -60,9 +52,8 @@ def dropout(x: Tensor, p: float) -> Tensor:
     if _hashed_applies(x):
         out: Tensor = _HashedDropout.apply(x, levels, scale)
         return out
-    # One float multiplier per element, 0 or `scale`: a single multiply forward and backward.
-    # The comparison writes 1.0 or 0.0 straight into x's dtype: a sixth of the time of a bool
-    # mask then cast (which in turn took 2/5 of `torch.where`'s).
+    # One float multiplier per element, 0 or `scale`: a single multiply each way. The comparison
+    # writes 1.0 or 0.0 straight into x's dtype, cheaper than a bool mask cast afterwards.
     kept = torch.ge(_slices(x.shape, x.device), _threshold(p), out=torch.empty_like(x))
     return x * kept.mul_(scale)
 
@@ -126,18 +117,15 @@ def _hashed(x: Tensor, seed: Tensor, levels: int, scale: float) -> Tensor:
 
 @functools.cache
 def _hashed_kernel() -> Callable[..., Any] | None:
-    """`hashed_dropout` compiled, or None where it cannot be. The example is big enough that
-    inductor spreads the loop over the cores (it decides from the first sizes it sees)."""
+    """`hashed_dropout` compiled, or None where it cannot be; the example is big enough for
+    inductor to spread the loop over the cores (it decides from the first sizes it sees)."""
     example = torch.zeros(HASHED_MIN)
     return compiled(hashed_dropout, example, torch.tensor(0), 6554, 1.0)
 
 
 def hashed_dropout(x: Tensor, seed: Tensor, levels: int, scale: float) -> Tensor:
-    """x (N,) times 0 where element i's 16-bit slice is below `levels`, else times `scale`.
-
-    Element i takes slice i mod 4 (low bits first) of SplitMix64's word i // 4 from `seed`, a
-    0-dim int64 tensor.
-    """
+    """x (N,) times 0 where element i's 16-bit slice is below `levels`, else times `scale`:
+    slice i mod 4 (low bits first) of SplitMix64's word i // 4 from `seed` (0-dim int64)."""
     index = torch.arange(x.numel(), device=x.device)  # (N,)
     word = _splitmix64(seed + (index >> 2) * _GAMMA)  # (N,) int64
     slices = (word >> (index & 3) * 16) & 0xFFFF  # (N,), 0 ... 65535

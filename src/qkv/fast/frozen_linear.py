@@ -1,13 +1,10 @@
-"""Linear layers frozen for decoding on the CPU: their weights reordered once, used many times.
+"""Linear layers frozen for CPU decoding: weights reordered once for oneDNN, used many times.
 
-Decoding multiplies the same weights by a few dozen or hundred rows at every step. oneDNN can
-reorder a weight once into its blocked layout, which its matmul then streams faster than the
-row-major one (`qkv.fast.linear`, and faster still than the BLAS behind `F.linear`). This is
-what `torch.compile` does to frozen CPU linears; the two operators are called here directly,
-eagerly (`qkv.fast.decoding` makes a decoder of them; gains in `docs/performance.md`).
-Where they do not apply (a GPU, a dtype other than float32 or bf16, bf16 on a CPU without native
-bf16 matmuls, autocast, autograd, a torch built without oneDNN), the layer is `linear`.
-The numbers are those of `nn.Linear` up to float rounding (tested).
+Decoding multiplies the same weights at every step, and oneDNN streams a weight in its blocked
+layout faster than a row-major one; `torch.compile` does the same to frozen CPU linears, here
+done eagerly (gains in `docs/performance.md`). Where the operators do not apply (a GPU, a dtype
+other than float32 or bf16, bf16 without native CPU support, autocast, autograd, no oneDNN),
+the layer is `linear`. Results match `nn.Linear` up to float rounding (tested).
 """
 
 from __future__ import annotations
@@ -25,10 +22,10 @@ _Module = TypeVar("_Module", bound=nn.Module)
 
 
 class FrozenLinear(nn.Module):
-    """`linear` for inference, with its weight reordered for oneDNN when that applies.
+    """`linear` for inference, its weight reordered for oneDNN where that applies.
 
-    The weight is copied at the first call that can use the copy (never, for a layer used only
-    through its `part`s): make a new one after the weights change.
+    The reordered copy is made at the first call that can use it (never, for a layer used only
+    through its `part`s): make a new layer after the weights change.
 
     Args:
         linear: the layer, (out, in) weight.
@@ -72,13 +69,10 @@ class FrozenLinear(nn.Module):
         return self._parts[start, stop]
 
     def reordered_only(self) -> FrozenLinear:
-        """Reorder the weight now and let go of the plain one; returns the layer.
-
-        For a layer that is its weight's only holder (a copy made for it), so that the two
-        layouts are not both kept. Where the weight cannot be reordered, the plain one stays.
-        Once it has gone, a call that cannot use the reordered copy (under autograd, or with
-        inputs of another dtype or device) raises RuntimeError, as do `weight` and `part`.
-        """
+        """Reorder the weight now and drop the plain one, so that a layer holding the weight's
+        only copy keeps one layout; returns the layer. Where the weight cannot be reordered the
+        plain one stays; once it is gone, calls that cannot use the reordered copy (autograd,
+        another dtype or device), `weight` and `part` raise RuntimeError."""
         if self._blocked() is not None:
             empty = self.linear.weight.detach().new_empty(0, self.linear.in_features)  # (0, in)
             self.linear = as_linear(empty)
@@ -106,8 +100,8 @@ class FrozenLinear(nn.Module):
 def frozen_copy(module: _Module, rows: int, keep: Collection[str] = ()) -> _Module:
     """A copy of `module` for decoding in which every `nn.Linear` below it is a `FrozenLinear`.
 
-    The copy shares every parameter, buffer and setting of `module`; only its tree of submodules
-    is its own. The weights are reordered at their first use: make a new copy after they change.
+    The copy shares every parameter, buffer and setting of `module`; only its submodule tree is
+    its own. Weights are reordered at their first use: make a new copy after they change.
 
     Args:
         module: e.g. a model's decoder, in eval mode.

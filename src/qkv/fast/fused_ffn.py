@@ -1,23 +1,15 @@
-"""The feed-forward network's first half, Linear -> ReLU -> dropout, as one step each way.
+"""The feed-forward network's Linear -> ReLU -> dropout as one step each way, for CPU training.
 
-In training on the CPU the three are otherwise three passes over the (M, F) hidden rows forward
-(the product, the ReLU, the dropout) and three backward (the dropout's mask made again, the
-ReLU's, the product), and both the ReLU's output and the dropout's are kept for the backward.
-Here:
-
-- forward: oneDNN applies the ReLU to the product as it writes it (a post-op), and the hashed
-  dropout (`qkv.fast.dropout`) makes one pass over the result;
-- backward: the gradient of the product is grad * where(out > 0, scale, 0), one pass over the
-  kept output alone. An element is kept and positive exactly where the output is positive
-  (a kept element is the ReLU's output times scale > 1; a dropped one is 0, as is the ReLU's
-  output where the product is not positive), so neither the mask nor the ReLU's output is
-  needed again: only the output, which the second linear layer keeps anyway, is stored.
-
-The masks are those of `Dropout` from the same draws (one seed per call, from torch's
-generator), and the numbers those of the three layers up to float rounding (tested).
-It applies where both halves would go their fast way (`applies`): a CPU, float32, oneDNN,
-hidden rows of at least `HASHED_MIN` elements and compiled loops allowed; elsewhere the
-caller runs the three layers as they are.
+Unfused, the three layers pass over the (M, F) hidden rows three times each way and keep both
+the ReLU's and the dropout's outputs. Here oneDNN applies the ReLU as it writes the product and
+the hashed dropout (`qkv.fast.dropout`) makes one pass over it; the backward is one pass,
+grad * where(out > 0, scale, 0). That is exact: an element is kept and positive exactly where
+the output is positive (a kept one is the ReLU's output times scale > 1; a dropped one is 0, as
+is the ReLU's output where the product is not positive). So only the output, which the second
+linear layer keeps anyway, is stored. Masks and numbers match `Dropout` (one seed per call)
+and the three layers up to float rounding (tested). It applies on a CPU, in float32, with
+oneDNN, for at least `HASHED_MIN` hidden elements and compiled loops allowed (`applies`);
+elsewhere the caller runs the three layers.
 """
 
 from __future__ import annotations

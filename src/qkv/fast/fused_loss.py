@@ -1,18 +1,13 @@
-"""The label-smoothed cross-entropy of a CPU training step as two compiled loops over the rows.
+"""The label-smoothed cross-entropy of a CPU training step as one compiled loop each way.
 
-`F.cross_entropy` with label smoothing goes over the (M, V) logits some six times in a training
-step: the log-softmax, the smoothing's sum, and in the backward the labels scattered into
-zeros, the two gradients added and the log-softmax's backward. Here `torch.compile`
-(inductor) makes one loop over the rows for each direction:
+`F.cross_entropy` with label smoothing passes over the (M, V) logits several times per step.
+Here inductor makes one loop over the rows each way: the forward reads each row's maximum, sum
+of exponentials, sum and label logit while the row is in cache and keeps only its log-sum-exp;
+the backward writes (softmax - smoothed target) * the loss's gradient in one pass.
 
-- forward: each row's maximum, sum of exponentials, sum and label's logit, read while the row
-  is in cache; only the log-sum-exp per row is kept for the backward;
-- backward: softmax minus the smoothed target, times the loss's gradient, written in one pass.
-
-Compiling takes a few seconds once per process (less once inductor's cache on disk has the
-kernels), so this applies only where it pays (`applies`): on the CPU, in float32, when the
-logits need a gradient, and for at least `MIN_ELEMENTS` logits; and where torch.compile works
-(`qkv.fast.compiled`). Elsewhere `F.cross_entropy` does the work.
+Compiling costs seconds once per process, so this applies only where it pays (`applies`): CPU,
+float32, logits that need a gradient, at least `MIN_ELEMENTS` of them, and torch.compile
+working (`qkv.fast.compiled`). Elsewhere `F.cross_entropy` does the work.
 """
 
 from __future__ import annotations
@@ -47,9 +42,7 @@ def smoothed_cross_entropy(
     logits: Tensor, labels: Tensor, smoothing: float, ignore_index: int
 ) -> Tensor:
     """Summed label-smoothed cross-entropy, as `F.cross_entropy(..., reduction="sum")`, where
-    `applies`: logits (M, V) float32, labels (M,) -> scalar; rows labelled `ignore_index` add
-    nothing.
-    """
+    `applies`: logits (M, V) float32, labels (M,) -> scalar; `ignore_index` rows add nothing."""
     loss: Tensor = _FusedLoss.apply(logits, labels, smoothing, ignore_index)
     return loss
 
@@ -80,9 +73,9 @@ class _FusedLoss(torch.autograd.Function):
 
 
 def _example() -> tuple[Tensor, Tensor, Tensor]:
-    """Logits (64, 2048), labels (64,) and their log-sum-exp (64, 1) to compile on: big enough
-    that inductor spreads the loops over the cores (it decides from the first sizes it sees).
-    Drawn from a generator of their own, not the training run's (see `qkv.fast.compiled`)."""
+    """Logits (64, 2048), labels (64,) and their log-sum-exp (64, 1) to compile on, big enough
+    for inductor to spread the loops over the cores; drawn from a generator of their own so that
+    the global one is left alone (see `qkv.fast.compiled`)."""
     generator = torch.Generator().manual_seed(0)
     logits = torch.randn(64, 2048, generator=generator)  # (M, V)
     labels = torch.randint(0, 2048, (64,), generator=generator)  # (M,)

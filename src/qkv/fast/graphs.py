@@ -1,4 +1,4 @@
-"""What recording CUDA graphs needs in every part of the package."""
+"""Recording CUDA graphs: the shared side stream, warm-up runs and autocast without cache."""
 
 from __future__ import annotations
 
@@ -12,13 +12,10 @@ _STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
 
 def side_stream(device: torch.device) -> torch.cuda.Stream:
-    """The side stream on which work runs eagerly before a capture, and the capture itself,
-    one per device.
+    """The stream, one per device, on which every warm-up and capture of the package runs.
 
-    A graph's first run must happen outside the capture (lazy initialisation), on a stream
-    other than the default one, and capturing needs a stream other than the default one too.
-    Each new stream gets a cuBLAS workspace of its own that is never freed (32 MB on an
-    H100), so every warm-up and every capture of the package runs on this one.
+    Warm-up runs (lazy initialisation outside the capture) and captures need a stream other
+    than the default one, and each new stream gets a cuBLAS workspace that is never freed.
     """
     if device not in _STREAMS:
         _STREAMS[device] = torch.cuda.Stream(device)
@@ -27,12 +24,11 @@ def side_stream(device: torch.device) -> torch.cuda.Stream:
 
 @contextlib.contextmanager
 def on_side_stream(device: torch.device) -> Iterator[None]:
-    """Run the block's CUDA work on `side_stream(device)`, after the work queued on the current
-    stream before it and before the work queued there after it; on a CPU, just run it.
+    """Run the block's CUDA work on `side_stream(device)`, ordered after the current stream's
+    earlier work and before its later work; on a CPU, just run the block.
 
-    Decoding runs its eager work (encoding, the search's set-up) here as well as its recordings
-    and replays, so that the default stream never needs a cuBLAS workspace of its own: with
-    both, a GPU keeps two (64 MB on an H100) where one does.
+    Decoding runs its eager work here as well as its recordings and replays, so that the
+    default stream never needs a cuBLAS workspace of its own beside the side stream's.
     """
     if device.type != "cuda":
         yield
@@ -58,12 +54,11 @@ def record(
     """Record `compute` as a CUDA graph: (the graph, the tensors its recording returned, which
     every replay overwrites).
 
-    It runs `warmups` times eagerly on the side stream first (lazy initialisation must happen
-    outside a capture), so those runs must be harmless or wanted: a decoding step that the
-    first replay repeats, a search step whose state the caller then resets, a training step
-    that is the shape's first real step. With `pool` (another graph's `pool()`), the graph's
-    temporaries share that graph's memory: safe when the graphs replay one at a time and keep
-    nothing in the pool between replays.
+    `compute` first runs `warmups` times eagerly on the side stream (lazy initialisation must
+    happen outside a capture), so those runs must be harmless or wanted: a decoding step that
+    the first replay repeats, a training step that is the shape's first real step. With `pool`
+    (another graph's `pool()`), the temporaries share that graph's memory: safe when the
+    graphs replay one at a time and keep nothing in the pool between replays.
     """
     with on_side_stream(device), _uncached_autocast():
         for _ in range(warmups):

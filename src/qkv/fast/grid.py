@@ -1,16 +1,11 @@
-"""Where packed rows sit for attention: sentences sorted by length, cut into groups, each
-group padded only to its own longest.
+"""Where packed rows sit for attention: sentences sorted by length, in groups each padded to
+its own longest.
 
-Attention needs a padded layout, and a batch padded to its longest sentence spends the
-products on padding: in the benchmark's Multi30k-shaped batches, B·L² is 2.7-3.7 times the
-Σ L_b² that the sentences need. Sorted by length and cut into groups, each padded to its own
-longest, the same batches need 1.6-1.9 times Σ L_b² with 2 groups, about 1.25 with the 4
-that `cut` makes. A group costs a dozen more calls, so a cut is made only where it saves
-more than that (`GROUP_COST`).
-
-A `Grouping` is made from the queries' lengths; a `Layout` places one side's rows in it: for
-cross-attention the keys' rows follow the queries' grouping, so that a group holds the same
-sentences on both sides.
+Padding a batch to its longest sentence spends attention's products on padding (B·L² against
+the Σ L_b² the sentences need); groups of similar lengths waste little. A group costs a dozen
+more calls, so a cut is made only where it saves more than `GROUP_COST`. For cross-attention
+the keys' `Layout` follows the queries' `Grouping`, so a group holds the same sentences on
+both sides.
 """
 
 from __future__ import annotations
@@ -62,9 +57,8 @@ class Layout:
     """Where one side's real rows sit in a grouped grid.
 
     Group g holds B_g sentences padded to L_g positions, B_g · L_g slots from `starts[g]`. A
-    grid of P head-parts (P = parts × heads, the projections side by side in a row) is
-    (P · total, K) rows: group by group, and in a group, head-part by head-part, so that a
-    group's block views as (parts, heads · B_g, L_g, K) for the batched products.
+    grid of P = parts × heads head-parts is (P · total, K) rows, group by group and within a
+    group head-part by head-part, so a group's block views as (parts, heads · B_g, L_g, K).
 
     Attributes:
         groups: the grouping it follows.
@@ -73,8 +67,8 @@ class Layout:
         sentences: (B_g,) long of each group, its sentences (for the mask).
         base, span, local: (M,) long each, of each real row: its group's start and B_g · L_g,
             and its slot in the group (sentence in group × L_g + position).
-        derived: what is computed from the layout once for all the layers of a batch (its
-            indexes, the groups' masks; `derived`).
+        derived: what is computed from the layout once for all of a batch's layers (indexes,
+            the groups' masks; `derived`).
     """
 
     groups: Grouping

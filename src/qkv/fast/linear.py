@@ -1,17 +1,11 @@
 """Linear layers whose float32 products go to oneDNN on the CPU, forward and backward.
 
-`F.linear` hands a CPU float32 product to the BLAS that torch was built with (MKL). On CPUs
-where MKL does not use the widest vector units (AMD's, where it takes its AVX2 code), oneDNN,
-which torch also ships, multiplies about twice as fast: on this project's benchmark machine
-(AMD EPYC, AVX-512) 420-440 against 185-190 GFLOP/s at the shapes of a training step. Here
-each of a step's three products runs there: y = x Wᵀ + b, the input's gradient g W, and the
-weight's gradient gᵀ x (`_weight_grad`), over row counts rounded up to a few shapes
-(`_padded`). Whole training steps of the benchmark model were 1.47-1.51× as fast as with
-`F.linear` (`benchmarks/train_ab.py --change linear`). The numbers are those of `F.linear` up
-to float rounding (tested).
-
-Where it does not apply (a GPU, another dtype, autocast, a torch built without oneDNN, an
-empty batch), `linear` is `F.linear`.
+`F.linear`'s BLAS (MKL) leaves the widest vector units unused on some CPUs (AMD's, where it
+takes its AVX2 code); oneDNN, which torch also ships, uses them (gain in `docs/performance.md`).
+All three products of a training step run there (x Wᵀ + b, g W, and gᵀ x in `_weight_grad`),
+over row counts rounded up to a few shapes (`_padded`), matching `F.linear` up to float
+rounding (tested). Elsewhere (a GPU, another dtype, autocast, no oneDNN, an empty batch)
+`linear` is `F.linear`.
 """
 
 from __future__ import annotations
@@ -86,10 +80,10 @@ def _as_input_grad_weight(weight: Tensor) -> Tensor:
 def _weight_grad(grad: Tensor, inputs: Tensor) -> Tensor:
     """grad (M, out), inputs (M, in) -> gradᵀ inputs (out, in).
 
-    oneDNN reads its weight operand (n, k) in either layout at full speed, so one factor goes
-    in as a transposed view; its source operand (m, k) it reads transposed slowly when it is
-    wide, so the narrower factor is the one copied into the (·, M) layout. Copying the wider
-    factor, the product comes out as (in, out), and is transposed in turn.
+    oneDNN reads its weight operand (n, k) at full speed in either layout, so one factor goes in
+    as a transposed view; a wide source operand (m, k) it reads slowly when transposed, so the
+    narrower factor is copied into the (·, M) layout. When that is `inputs`, the product comes
+    out as (in, out) and is transposed back.
     """
     if grad.size(1) > inputs.size(1):
         return _product(inputs.t().contiguous(), grad.t()).t().contiguous()  # (out, in)
@@ -103,9 +97,8 @@ STEPS_PER_DOUBLING = 16
 def padded_rows(count: int) -> int:
     """count rounded up to one of `STEPS_PER_DOUBLING` steps per doubling, a multiple of 8.
 
-    oneDNN makes a kernel and buffers for each new shape and keeps some of them: training's
-    packed batches, a new row count at every step, grew the benchmark's training phase to
-    3.8 GB, against 1.4 GB with `F.linear`. Rounded up, the shapes repeat.
+    oneDNN makes and keeps a kernel and buffers for each new shape, and packed training batches
+    bring a new row count at every step: rounded up, the shapes repeat and memory stays bounded.
     """
     doubling = 1 << max(count.bit_length() - 1, 0)  # the power of 2 at or below count
     step = max(8, doubling // STEPS_PER_DOUBLING)
@@ -113,11 +106,8 @@ def padded_rows(count: int) -> int:
 
 
 def _padded(rows: Tensor) -> Tensor:
-    """rows (M, k) -> (M', k), zeros below the M rows, M' = `padded_rows(M)`.
-
-    A caller that hands in M' rows already (`nonpad_logits` does, for the output layer, whose
-    gradient is the widest) saves the copies.
-    """
+    """rows (M, k) -> (M', k), zeros below the M rows, M' = `padded_rows(M)`; contiguous rows
+    that number M' already are returned uncopied (`nonpad_logits` hands in such rows)."""
     count = len(rows)
     target = padded_rows(count)
     if target == count and rows.is_contiguous():
@@ -153,9 +143,8 @@ def applies(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
 
 @functools.cache
 def onednn_available() -> bool:
-    """Whether this torch has oneDNN's linear operator (`torch.ops.mkldnn._linear_pointwise`, a
-    private one) and it multiplies right: checked once on a small product against `F.linear`.
-    Elsewhere `linear` is `F.linear`."""
+    """Whether this torch has oneDNN's private `_linear_pointwise` operator and it multiplies
+    right, checked once on a small product against `F.linear`."""
     if not torch.backends.mkldnn.is_available():
         return False
     try:

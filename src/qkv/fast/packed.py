@@ -1,13 +1,11 @@
 """The encoder and decoder run on the real tokens only, skipping the padding.
 
-Every position-wise operation (projections, feed-forward network, layer norms, dropout,
-residual additions) treats each position alone, so it can run on the M real tokens of a batch,
-held as (M, D) rows (`packing.py`); attention alone needs the sentences apart, which
-`packed_attention` (or, where it does not apply, `F.scaled_dot_product_attention` on the rows
-put back in place) gives it. The numbers are the reference modules' own (tested), and the
-parameters are the same: `PackedEncoder` and `PackedDecoder` are subclasses that `qkv.fast.apply`
-puts in place of `Encoder` and `Decoder`. Attention maps, decoding with a cache and
-`packed=False` take the reference forward.
+Position-wise operations (projections, feed-forward network, layer norms, dropout, residuals)
+treat each position alone, so they run on a batch's M real tokens as (M, D) rows (`packing.py`);
+attention, which needs the sentences apart, goes through `packed_attention` or, where that does
+not apply, `F.scaled_dot_product_attention` on the rows put back in place. The numbers are the
+reference modules' (tested). Attention maps, cached decoding and `packed=False` take the
+reference path.
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
-"""Attention from packed rows to packed rows, its backward written out, for short sentences.
+"""Attention from packed rows to packed rows for short sentences, its backward written out.
 
-The packed path (`qkv.fast.packed`) keeps a batch as its real tokens, (M, D) rows, and
-attention alone needs a padded layout. Through autograd, that costs a scatter into
-(B, L, 3D), a copy of each of q, k and v into head-major order, a copy of the context back, a
-gather of the rows, and the mirror of each in the backward, with a concatenation of the three
-gradients. Here the rows go into a grid in one scatter and come back in one gather, forward
-and backward. The grid holds the sentences sorted by length in groups, each padded only to
-its own longest (`qkv.fast.grid`), heads before sentences, so that each group is one batch
-of products with no permutation copied. The scale and the mask go inside the first product
-(`baddbmm`); the backward is the softmax's and four batched products, whose results are
-written straight into the gradient's grid.
-
-It serves CPU float32 sentences of up to `SHORT` tokens without attention dropout, where the
-unfused products are the faster ones; elsewhere `qkv.fast.packed`
-keeps autograd's path. The numbers are those of that path (tested, forward and backward).
+Autograd's path copies packed (M, D) rows into a padded layout and q, k, v into head-major
+order, and back, each way. Here the rows go into a grid in one scatter and come back in one
+gather; the grid holds sentences sorted by length in groups padded only to their own longest
+(`qkv.fast.grid`), heads before sentences, so each group is one batch of products with no
+permutation copied. Scale and mask go inside the first product (`baddbmm`); the backward is
+the softmax's and four batched products written straight into the gradient grid. It serves
+CPU float32 sentences of up to `SHORT` tokens without attention dropout, where unfused
+products are faster, and gives autograd's numbers (tested, forward and backward).
 """
 
 from __future__ import annotations
@@ -27,7 +21,7 @@ from torch import Tensor
 from qkv.fast.grid import Layout, derived, grouping, layout
 from qkv.fast.packing import Packing
 
-# Up to this many queries and keys, the unfused product is the faster one on a CPU.
+# Up to this many queries and keys, unfused products are faster on a CPU.
 SHORT = 128
 MASKED = -1e9  # added to the scores of masked keys: exp() of it is 0 beside any real score
 

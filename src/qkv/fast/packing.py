@@ -1,15 +1,11 @@
-"""Packing the real tokens of a padded batch, so that position-wise work skips the padding.
+"""The real tokens of a padded batch as rows, so that position-wise work skips the padding.
 
-In a batch of sentences of mixed lengths, padding is often a third or more of the positions.
-Every position-wise operation (projections, feed-forward network, layer norms, dropout,
-residual additions) treats each position alone, so it can run on the M real tokens only, held
-as (M, D) rows. Attention alone needs the padded (B, L, ...) layout; `unpack` puts the rows
-back in place for it and `pack` takes them out again.
-
-On a CPU the rows are rounded up to the counts that qkv's linear layers multiply
-(`qkv.fast.linear.padded_rows`): M' >= M rows, the last M' - M copies of the first real
-token. No real row ever reads them (`unpack` leaves them out), so their gradients are zero,
-and no linear layer has to copy its rows into a longer matrix, forward or backward.
+Position-wise operations run on a batch's M real tokens as (M, D) rows; attention alone needs
+the padded (B, L, ...) layout, which `unpack` restores and `pack` leaves again. On a CPU the
+rows are rounded up to the counts that qkv's linear layers multiply
+(`qkv.fast.linear.padded_rows`): M' >= M rows, the last M' - M copies of the first real token.
+No real row reads them (`unpack` leaves them out), so their gradients are zero, and no linear
+layer has to copy its rows into a longer matrix.
 """
 
 from __future__ import annotations
@@ -32,8 +28,8 @@ class Packing:
         batch: B.
         length: L.
         count: M, the real tokens.
-        derived: what is computed from these once per batch and kept for its every layer
-            (attention's grouped layouts, `qkv.fast.grid`).
+        derived: what is computed once per batch for all its layers (attention's grouped
+            layouts, `qkv.fast.grid`).
     """
 
     index: Tensor

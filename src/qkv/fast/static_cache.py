@@ -1,8 +1,8 @@
 """The decoder's caches at fixed shapes, for decoding steps recorded once as CUDA graphs.
 
-`StaticDecoderCache` holds what `qkv.model.kv_cache.DecoderCache` holds, in tensors whose shapes
-never change from one step to the next, the step position included, so that a whole decoding
-step can be recorded once as a CUDA graph and replayed (see `qkv.inference.graphed`).
+`StaticDecoderCache` holds what `qkv.model.kv_cache.DecoderCache` holds, in tensors whose
+shapes, step position included, never change, so a whole decoding step can be recorded once
+and replayed (`qkv.inference.graphed`).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ def first_sources(batch: int, rows: int, device: torch.device) -> Tensor:
 class StaticKVCache:
     """Keys and values of one self-attention layer at fixed shapes: every step reads all T_max.
 
-    The step writes its keys and values at `position`, a tensor, and attends to the whole
-    buffer under the mask of `StaticDecoderCache.self_mask`; the buffers start at zero so that
-    the positions not yet written hold finite numbers (their weights are exactly zero).
+    A step writes its keys and values at `position` (a tensor) and attends to the whole buffer
+    under `StaticDecoderCache.self_mask`; the buffers start at zero, so unwritten positions hold
+    finite numbers (their weights are exactly zero).
 
     Args:
         rows: R, the most rows decoded together.
@@ -64,9 +64,9 @@ class StaticKVCache:
 class StaticDecoderCache:
     """Everything a decoding step reads, at shapes fixed for the whole batch.
 
-    R rows, each with its own entry of the cross-attention tensors (a row of the W beams of a
-    sentence holds a copy of the sentence's). Rows beyond those in use hold stale numbers and
-    are computed for nothing; `select` moves rows as `DecoderCache.select` does.
+    R rows, each with its own entry of the cross-attention tensors (each of a sentence's W beams
+    holds a copy). Rows beyond those in use hold stale numbers and are computed for nothing;
+    `select` moves rows as `DecoderCache.select` does.
 
     Attributes:
         self_attn: one StaticKVCache per decoder layer.
@@ -110,40 +110,12 @@ class StaticDecoderCache:
         ]  # (R, H, length, K) each
         move_rows([*filled, *self.cross_keys, *self.cross_values, self.src_mask], rows)
 
-    def load_sources(self, cross: list[tuple[Tensor, Tensor]], src_mask: Tensor) -> None:
-        """Put new sources in place of the old, in the same buffers (a recorded graph still
-        reads them), rows as `init_static_cache` lays them out.
-
-        Args:
-            cross: each layer's cross-attention keys and values (B, H, S, K), the B and S
-                of the old sources.
-            src_mask: (B, 1, 1, S) bool, True = real source token.
-        """
-        fill = first_sources(src_mask.size(0), self.rows, src_mask.device)  # (R,)
-        for keys, values, (k, v) in zip(self.cross_keys, self.cross_values, cross, strict=True):
-            keys.copy_(k[fill])  # (R, H, S, K)
-            values.copy_(v[fill])  # (R, H, S, K)
-        self.src_mask.copy_(src_mask[fill])  # (R, 1, 1, S)
-        self.length = 0
-
-    def gather_self_attention(self, rows: Tensor) -> None:
-        """Reorder the self-attention rows: new row i = old row rows[i] (rows (R,) long).
-
-        Every row and position is gathered, so the work and the shapes never change and no
-        count is read on the host (a step recorded as a CUDA graph can do it). The
-        cross-attention tensors are left as they are: each row must keep its source.
-        """
-        for cache in self.self_attn:
-            cache.keys.copy_(cache.keys.index_select(0, rows))  # (R, H, T_max, K)
-            cache.values.copy_(cache.values.index_select(0, rows))  # (R, H, T_max, K)
-
 
 def init_static_cache(
     model: Seq2SeqTransformer, memory: Tensor, src_mask: Tensor, max_len: int, rows: int
 ) -> StaticDecoderCache:
     """A fixed-shape cache for `rows` rows (>= B) decoding up to `max_len` steps from memory
-    (B, S, D): row i < B decodes source i, the rows beyond hold copies of source 0 until
-    `select` fills them."""
+    (B, S, D), its rows' sources as `first_sources` gives them."""
     c = model.config
     batch = memory.size(0)
     if rows < batch:

@@ -2,26 +2,20 @@
 
 Each step scores every continuation of every live beam, keeps the 2W best candidates of each
 sentence, finalises those that end in EOS and rank among the W best, and continues with the W
-best that do not end in EOS. The decoder rows are then reordered, and the rows of finished
-sentences dropped, with a single `select`.
+best that do not end in EOS; one `select` then reorders the decoder rows and drops those of
+finished sentences. The rules follow fairseq and Hugging Face (`early_stopping=True`):
 
-Rules, following fairseq and Hugging Face (`early_stopping=True`):
+- The first step runs on the decoder's B rows, each then copied W times. Empty beam slots, and
+  any with log-probability -inf, score -inf and are never returned.
+- An EOS candidate is finalised only if it ranks among its sentence's W best candidates, so
+  W = 1 reproduces greedy decoding.
+- A sentence is done once it holds W finished hypotheses, or at `max_length`, its budget of
+  generated tokens (EOS included); its live beams are then finalised as they are (no EOS).
+- The search ranks candidates by raw log-probability; the results are ordered by log_prob / lp,
+  with the GNMT length penalty lp = ((5 + length) / 6) ** alpha, length counting EOS.
 
-- First step: computed on the B rows the decoder starts with, then each row is copied W times
-  (`select(arange(B).repeat_interleave(W))` in effect). Beam slots that hold no hypothesis yet
-  (and any slot whose log-probability is -inf) carry a score of -inf and are never returned.
-- Finalising: a candidate ending in EOS becomes a finished hypothesis only if it ranks among
-  the W best candidates of its sentence. This is what makes W = 1 reproduce greedy decoding.
-- Stopping: a sentence is done as soon as it holds W finished hypotheses, or when it reaches its
-  length budget; at that point its live beams are finalised as they are (no EOS appended).
-- Scoring: hypotheses are ranked by log_prob / lp with the GNMT length penalty
-  lp = ((5 + length) / 6) ** alpha, where length counts generated tokens, EOS included. The
-  search itself ranks candidates by raw log-probability; the penalty only orders the results.
-
-A sentence's `max_length` is its budget of generated tokens, EOS included.
-
-Shapes follow the package alphabet (see `qkv.model`): B batch, W beam width, V vocabulary size,
-T tokens generated so far, N rows live in the decoder; B' counts live sentences.
+Shapes (see `qkv.model`): B batch, W beam width, V vocabulary size, T tokens generated so far,
+N rows live in the decoder; B' counts live sentences.
 """
 
 from __future__ import annotations
@@ -137,12 +131,12 @@ def _shared_prefixes(fed: Tensor, rows: Tensor) -> Tensor | None:
     """How many tokens fed so far (BOS first) each new row's place shares with its old row.
 
     Args:
-        fed: (B', w, T) long, the tokens each old row was fed after BOS.
+        fed: (B', w, T) long, the tokens fed to each old row after BOS.
         rows: (N',) long, the old row of each new row.
 
     Returns:
-        (N',) long: for new row i, 0 where old row i decoded another sentence (or there was
-        none), else 1 + the length of the prefix that fed[i] and fed[rows[i]] share. None at
+        (N',) long: for new row i, 0 where old row i decoded another sentence (or does not
+        exist), else 1 + the length of the prefix that fed[i] and fed[rows[i]] share. None at
         the beam expansion (more new rows than old ones).
     """
     live, width, length = fed.shape
@@ -187,16 +181,14 @@ def _advance(
     """One beam step: extend, finalise, prune.
 
     Args:
-        state: the beams after T steps; its width w is 1 at the first step, W afterwards.
+        state: the beams after T steps; their width w is 1 at the first step, W afterwards.
         logits: (B' * w, V) next-token logits of every beam.
-        beam_size: W.
-        eos_id: token that ends a sentence.
-        alpha: strength of the length penalty.
+        beam_size, eos_id, alpha: as in `beam_search`.
         finished: finished hypotheses per sentence of the batch; appended to.
 
     Returns:
-        The beams after T + 1 steps, for the sentences not yet done, and the decoder rows
-        (B'' * W,) long that they continue from.
+        The beams after T + 1 steps of the sentences not yet done, and the decoder rows
+        (B'' * W,) long they continue from.
     """
     width, length = state.tokens.shape[1:]  # w, T
     top_scores, top_beams, top_tokens = _top_candidates(state.scores, logits, beam_size)
@@ -242,9 +234,9 @@ def _top_candidates(
         beam_size: W.
 
     Returns:
-        Their log-probabilities (B', 2W), sorted best first, the beam (B', 2W) long each extends
-        and the token (B', 2W) long it adds. When a tiny vocabulary offers fewer than 2W
-        candidates at the first step, the missing ones have log-probability -inf.
+        Their log-probabilities (B', 2W), best first, the beam (B', 2W) long each extends and
+        the token (B', 2W) long it adds; missing candidates (a vocabulary smaller than 2W at
+        the first step) have log-probability -inf.
     """
     live, width = scores.shape  # B', w
     vocab_size = logits.size(-1)
@@ -259,14 +251,12 @@ def _top_candidates(
 
 
 def topk_by_blocks(values: Tensor, k: int, block: int = 64) -> tuple[Tensor, Tensor]:
-    """`values.topk(k, dim=1)` (sorted, largest first) for long rows, faster on the CPU.
+    """`values.topk(k, dim=1)` (sorted, largest first), faster on a CPU for long rows.
 
-    Cut each row into blocks: the k largest values all lie in the k blocks with the largest
-    maxima (any other value is at most the k-th largest block maximum, and those k blocks hold
-    k values at least as large). So only those blocks, and the row's tail that fills no whole
-    block, go through `topk`. The block maxima come from `amax`, a vectorised pass over the
-    row, where CPU `topk` over a (64, 5 x 8,000) beam step takes ten times as long. Equal
-    values may be picked in another order than `topk` would.
+    The k largest values of a row lie in the k blocks with the largest maxima (those blocks
+    hold k values at least as large as any other), so only they, and the tail that fills no
+    whole block, go through `topk`; the block maxima come from `amax`, a vectorised pass much
+    cheaper than CPU `topk` over the whole row. Equal values may come out in another order.
 
     Args:
         values: (R, L).
@@ -295,9 +285,9 @@ def topk_by_blocks(values: Tensor, k: int, block: int = 64) -> tuple[Tensor, Ten
 def _parents_in_place(parents: Tensor) -> Tensor:
     """Arrange each sentence's new beams so that a parent's first child takes the parent's slot.
 
-    The order of a sentence's beams is free, and the decoder keeps a row whose source row is
-    itself where it is (see `KVCache.select`): only the other children are copied, into the
-    slots of beams that left no child.
+    A sentence's beams may come in any order, and the decoder leaves a row that stays in place
+    untouched (`KVCache.select`): only the other children are copied, into the slots of beams
+    that left no child.
 
     Args:
         parents: (B', W) long, the old beam (< W) that each new beam extends.
@@ -338,9 +328,8 @@ def _finalise(
         mask: (B', W) bool, the beams to finalise.
         tokens: (B', W, L) long, their tokens without EOS.
         log_probs: (B', W) their log-probabilities.
-        steps: tokens generated so far, EOS included: the length for the length penalty.
-        alpha: strength of the length penalty.
-        finished: finished hypotheses per sentence of the batch; appended to.
+        steps: tokens generated so far, EOS included (the length for the penalty).
+        alpha, finished: as in `_advance`.
     """
     penalty = length_penalty(steps, alpha)
     owners = sentences[:, None].expand_as(mask)[mask].tolist()  # (M,)

@@ -13,9 +13,8 @@ shape and address from step to step:
 
 The search loops of `search.py` and `beam.py` work with it as they are: they feed the N rows in
 use, read their logits and call `select`, which moves rows between the fixed buffers. Rows
-beyond N are computed for nothing; on a GPU that costs less than a launch. Between two steps
-those loops read results on the host, which makes the host wait for the device; the searches
-of `graphed_search.py` record their own work in the same graph instead.
+beyond N are computed for nothing; on a GPU that costs less than a launch. The searches are
+the same functions on every device: only the model's step is recorded.
 
 Shapes follow the package alphabet (see `qkv.model`): B batch, N rows in use, R rows in all,
 V vocabulary size.
@@ -27,7 +26,7 @@ import torch
 from torch import Tensor
 
 from qkv.fast.graphs import record
-from qkv.fast.static_cache import cross_keys_values, init_static_cache, static_step
+from qkv.fast.static_cache import init_static_cache, static_step
 from qkv.inference.incremental import DecodingWeights, ModelDecoder
 from qkv.inference.search import IncrementalDecoder
 from qkv.model.seq2seq import Seq2SeqTransformer
@@ -56,7 +55,6 @@ class StaticDecoder:
         graph: bool | None = None,
     ) -> None:
         self.model = model
-        self.source_shape = tuple(src_ids.shape)  # (B, S)
         memory, src_mask, _ = model.encode(src_ids)  # (B, S, D), (B, 1, 1, S)
         self.cache = init_static_cache(model, memory, src_mask, max_steps, rows)
         self.tokens = torch.zeros(rows, dtype=torch.long, device=src_ids.device)  # (R,)
@@ -72,7 +70,7 @@ class StaticDecoder:
     def compute(self) -> Tensor:
         """The fixed-shape step itself: next-token logits (R, V) in float32 of every row, fed
         `tokens` at `cache.position`. Nothing here waits for the device or moves the host's
-        count, so it can be recorded into a larger graph (see `graphed_search.py`)."""
+        count, so it can be recorded as a graph."""
         return static_step(self.model, self.tokens, self.cache).float()  # (R, V)
 
     def step(self, tokens: Tensor) -> Tensor:
@@ -97,24 +95,6 @@ class StaticDecoder:
         """Keep and reorder rows: new row i = old row rows[i] (at most R rows); `held` is not
         used."""
         self.cache.select(rows)
-
-    def load(self, src_ids: Tensor) -> None:
-        """Start over on new sources (B, S), the shape this decoder was made for: they are
-        encoded into the same buffers, so that a graph recorded on the old ones replays on
-        them (see `search_graphs.SearchGraphs`). The position is the search's to reset."""
-        if tuple(src_ids.shape) != self.source_shape:
-            raise ValueError(
-                f"sources of shape {tuple(src_ids.shape)} given to a decoder made for "
-                f"{self.source_shape}"
-            )
-        memory, src_mask, _ = self.model.encode(src_ids)  # (B, S, D), (B, 1, 1, S)
-        self.cache.load_sources(cross_keys_values(self.model, memory), src_mask)
-
-    def reorder(self, rows: Tensor) -> None:
-        """`select` of exactly R rows at fixed cost, with no host work: every row of the
-        self-attention caches is gathered (recordable in a graph; the cross-attention tensors
-        stay, so each row must keep its source)."""
-        self.cache.gather_self_attention(rows)
 
 
 def make_decoder(

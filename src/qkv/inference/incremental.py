@@ -16,12 +16,10 @@ class DecodingWeights:
     """A model whose decoder is frozen for decoding (`frozen_for_decoding`; `OutputLayer`: its
     output layer), made once for the `ModelDecoder`s of many batches.
 
-    Reordering the weights costs about as much as one or two decoding steps; a batch of
-    greedy decoding takes some fifty. They are made again when a weight of the model has
-    changed since: trained or loaded in place, cast, moved or replaced (a change through
-    `tensor.data`, which autograd does not see, is not noticed), and every time for weights
-    that are inference tensors. Workers decoding batches side by side (`workers.py`) share
-    them: one makes them while the others wait.
+    Reordering the weights costs about as much as a decoding step, so it is redone only when
+    a weight changes: trained or loaded in place, cast, moved or replaced (not through
+    `tensor.data`, which autograd does not see), and at every call for inference tensors.
+    Workers (`workers.py`) share them: one makes them while the others wait.
 
     Args:
         model: the translation model, in eval mode.
@@ -55,10 +53,9 @@ class DecodingWeights:
 class ModelDecoder:
     """Encodes a batch of sources once, then decodes step by step on a preallocated cache.
 
-    The decoder's linear layers are frozen (`DecodingWeights`): decoding does not change
-    the weights. Greedy search asks for `step_argmax`,
-    whose argmax is screened in bf16 where the CPU multiplies bf16 natively, and settled in
-    float32.
+    The decoder's linear layers are frozen (`DecodingWeights`) for the whole decoding. Greedy
+    search calls `step_argmax`, screened in bf16 where the CPU multiplies bf16 natively and
+    settled in float32 (`OutputLayer`).
 
     Args:
         model: the translation model, in eval mode.

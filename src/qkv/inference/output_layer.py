@@ -1,24 +1,23 @@
 """The output layer frozen for decoding: its logits, and their argmax screened in bf16.
 
-Greedy decoding needs only the index of each row's largest logit, l_v = h · w_v + b_v over
-the V rows w_v of the output weight. On a CPU with native bf16 matmuls (AVX512-BF16, AMX) the
-bf16 product of h and the weight runs about three times as fast as the float32 one. Rounding h,
-the weight and the product to bf16 moves each logit by at most
+Greedy decoding needs only the index of each row's largest logit l_v = h · w_v + b_v, over the
+V rows w_v of the output weight. On a CPU with native bf16 matmuls (AVX512-BF16, AMX) the bf16
+product of h and the weight is much faster than the float32 one, and rounding h, the weight and
+the product to bf16 moves each logit by at most
 
     e(h) = c ‖h‖ max_v ‖w_v‖,   c = 3u + 4u² + 2dδ  (u = 2⁻⁸ for bf16, δ = 2⁻²⁴ for float32,
                                                       d terms to a dot product)
 
-(rounding h and w_v: 2u + u² of Σ|h_i w_vi|, which Cauchy-Schwarz bounds by ‖h‖ ‖w_v‖; the
-product's rounding to bf16: u; float32 sums: dδ in the bf16 product and dδ in the float32 one).
-So no token whose screened logit is more than 2 e(h) below the row's best screened logit can
-be the float32 argmax. The others, the candidates (one to a few per row), get their float32
-logits computed one dot product each, and the largest wins: the first on ties, as `argmax`.
+(rounding h and w_v: 2u + u² of Σ|h_i w_vi| ≤ ‖h‖ ‖w_v‖ by Cauchy-Schwarz; rounding the
+product to bf16: u; float32 sums: dδ in each product). So no token whose screened logit lies
+more than 2 e(h) below the row's best can be the float32 argmax. The others, the candidates
+(one to a few per row), get float32 logits, one dot product each; the largest wins, the first
+on ties, as with `argmax`.
 
-The result is the index `argmax` finds in the float32 logits, up to float32 rounding: a
-near-tie closer than ~1e-6 may go the other way, as it may between two float32 matmul kernels.
-A row whose screen finds no candidate (NaN or infinite states) falls back to the float32 logits,
-and so does a call whose rows have more than 64 candidates each on average (equal logits).
-The bf16 matmul reads subnormal numbers as 0, which the bound covers with a term of its own.
+The result is `argmax` of the float32 logits up to float32 rounding (a near-tie within ~1e-6
+may go either way, as between two float32 matmul kernels). Rows with no candidate (NaN or
+infinite states), and calls averaging over 64 candidates a row (equal logits), fall back to
+the float32 logits. The bound has a term for the bf16 matmul reading subnormals as 0.
 """
 
 from __future__ import annotations
@@ -61,9 +60,8 @@ class OutputLayer:
     """The output layer frozen for decoding: `logits(x)`, and `argmax(x)` screened in bf16
     for float32 rows x (N, D) on the CPU.
 
-    The weight is reordered at the first call, and copied and rounded to bf16 at the
-    first `argmax` (a bf16 copy held reordered only, where it can be): make a new one after it
-    changes.
+    The weight is reordered at the first call and rounded to a bf16 copy (kept reordered only,
+    where possible) at the first `argmax`: make a new layer after the weight changes.
 
     Args:
         linear: the output layer, (V, D) weight and an optional bias.
@@ -140,7 +138,7 @@ class OutputLayer:
         # 1 % to spare.
         scale = 2.02 * ((c + 5 * _DELTA) * w_max + flushed)
         offset = 2.02 * (5 * _DELTA * b_max + flushed * w_max) + 1e-30
-        # The bf16 copy is the screen's own: once reordered, its plain layout is let go.
+        # The screen keeps only the reordered layout of its bf16 copy.
         return _Screen(FrozenLinear(as_linear(rounded), self.rows).reordered_only(), scale, offset)
 
     def argmax(self, x: Tensor) -> Tensor:
@@ -213,8 +211,8 @@ def _token_ids(never: Sequence[int], vocab_size: int, device: torch.device) -> T
 
 
 NORM_CHUNK = 1024
-"""Rows whose norms are taken at once: the float64 copy of a vocabulary's weight (V, D) would
-add 16 MB to decoding's peak memory at V = 8,000."""
+"""Rows whose norms are taken at once, so that their float64 copy never spans a whole (V, D)
+weight and adds little to decoding's peak memory."""
 
 
 def _norms(rows: Tensor) -> Tensor:

@@ -1,13 +1,11 @@
 """Decoding in bfloat16: `decoding_model(model, bf16=True, device)`, a bf16 copy to decode with.
 
-In bf16 a weight or a cached key takes half the bytes of float32, and GPUs and CPUs with native
-bf16 instructions (AVX512-BF16, AMX) multiply bf16 matrices two to three times as fast. The copy
-holds every weight and buffer in bf16, so the encoder's output, the caches and every
-activation of a decoding step are bf16 too; the search functions still read float32 logits
-(`ModelDecoder.step`). Outputs can differ from float32 decoding where two candidates score
-within bf16's rounding of each other (about 3 significant digits).
-
-The caller's model is not touched: it stays float32 and keeps training or decoding as before.
+A bf16 weight or cached key takes half the bytes of a float32 one, and GPUs and CPUs with
+native bf16 instructions (AVX512-BF16, AMX) multiply bf16 matrices faster. The copy holds every
+weight and buffer in bf16, so the encoder's output, the caches and every activation are bf16
+too; the searches still read float32 logits (`ModelDecoder.step`). Outputs can differ from
+float32 decoding where two candidates score within bf16's rounding (about 3 significant digits)
+of each other. The caller's model is left untouched, in float32.
 """
 
 from __future__ import annotations

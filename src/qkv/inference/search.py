@@ -1,15 +1,13 @@
 """Greedy decoding and sampling over an incremental decoder.
 
-Both walk a single path per sentence: feed the last token of every live row, pick the next one
-from the returned scores, and drop a row from the decoder as soon as it is finished
-(it produced EOS, or it reached its length budget), so the work per step shrinks with the number
-of unfinished sentences. Beam search lives in `beam.py` and uses the same decoder protocol.
+Both follow one path per sentence: feed the last token of every live row, pick the next from
+the returned scores, and drop a row from the decoder once it is finished (EOS, or its length
+budget reached), so a step's work shrinks with the unfinished sentences. Beam search
+(`beam.py`) uses the same decoder protocol.
 
-Shapes follow the package alphabet (see `qkv.model`): B batch, V vocabulary size, N rows live in
-the decoder.
-
-A sentence's `max_length` is its budget of generated tokens, EOS included: at most `max_length`
-decoding steps are run for it, and its output never holds more than `max_length` tokens.
+A sentence's `max_length` is its budget of generated tokens, EOS included: at most that many
+steps run for it. Shapes (see `qkv.model`): B batch, V vocabulary size, N rows live in the
+decoder.
 """
 
 from __future__ import annotations
@@ -32,20 +30,17 @@ class IncrementalDecoder(Protocol):
     """
 
     def step(self, tokens: Tensor) -> Tensor:
-        """Feed the last token of every live row, tokens (N,) long.
-
-        Returns next-token logits (N, V): scores whose softmax over V is the next-token
-        distribution (log-probabilities qualify too). The searches normalise them only where
-        they need to: greedy search takes the argmax of the raw scores.
+        """Feed the last token of every live row, tokens (N,) long; return next-token logits
+        (N, V), whose softmax over V is the next-token distribution (log-probabilities qualify
+        too). The searches normalise them only where needed: greedy takes their argmax as is.
         """
 
     def select(self, rows: Tensor, held: Tensor | None = None) -> None:
-        """Keep and reorder the decoder's rows (its KV cache, memory, source mask).
+        """Keep and reorder rows (KV cache, memory, source mask): new row i = old row rows[i].
 
-        New row i = old row rows[i]; rows (N',) long. N' may be smaller (finished rows dropped)
-        or larger (beam expansion). `held` (N',) long, a hint that a decoder may ignore: how
-        many tokens fed so far (BOS first) row i's place already shares with old row rows[i],
-        for the same source; what the decoder keeps of them needs no copy.
+        rows (N',) long; N' is smaller when finished rows are dropped, larger at beam expansion.
+        `held` (N',) long is a hint a decoder may ignore: how many tokens fed so far (BOS first)
+        place i already shares with old row rows[i], for the same source (no copy needed).
         """
 
 
@@ -84,7 +79,7 @@ def greedy_search(
     Returns:
         B lists of token ids, without BOS and EOS.
     """
-    # Which way is decided once, not at every step.
+    # Chosen once, not at every step.
     step_argmax: Callable[[Tensor], Tensor] = (
         decoder.step_argmax
         if isinstance(decoder, ArgmaxDecoder)
@@ -113,10 +108,10 @@ def sample(
     nucleus), renormalised, and one token is drawn per row. Padding and BOS are never drawn:
     they are not words, and a decoder reads a padding token it is fed as nothing.
 
-    Each sentence draws from a random stream of its own, seeded by its entry of `seeds` (or,
-    without them, by a seed drawn from `generator`), so what it draws depends on its seed and
-    its own tokens only, not on the other sentences of the batch. A draw takes one uniform
-    number from the stream and finds it in the row's cumulative distribution.
+    Each sentence draws from its own random stream, seeded by its entry of `seeds` (or by a
+    seed drawn from `generator`), so its tokens depend on its seed and its own past only, not
+    on the rest of the batch. A draw takes one uniform number from the stream and finds it in
+    the row's cumulative distribution.
 
     Args:
         decoder: holds `batch_size` rows, no token fed yet.
@@ -157,16 +152,16 @@ def sample(
             ids = [i for i in (PAD_ID, bos_id) if i != eos_id and i < logits.size(-1)]
             never = torch.tensor(ids, dtype=torch.long, device=logits.device)
         words = logits.index_fill(-1, never, float("-inf"))  # (N, V)
-        # Shifted so that the best is 0 before the division: a tiny temperature then sends
-        # the rest towards -inf instead of the best to +inf (whose softmax would be NaN), and
-        # one below the dtype's smallest normal number, which would round to 0, is taken as it.
+        # The best shifted to 0 before dividing: a tiny temperature then sends the rest to
+        # -inf, not the best to +inf (a NaN softmax). A temperature below the dtype's smallest
+        # normal number, which would round to 0, is raised to it.
         lowest = max(temperature, torch.finfo(words.dtype).tiny)
         scaled = (words - words.amax(dim=-1, keepdim=True)) / lowest  # (N, V)
         cdf = filter_logits(scaled, top_k, top_p).softmax(dim=-1).cumsum(dim=-1)  # (N, V)
         draws = [torch.rand(1, generator=streams[s]) for s in sentences.tolist()]
         uniform = torch.cat(draws).to(device)  # (N,) in [0, 1), one from each row's stream
         # The first token whose cumulative probability reaches a point in (0, total]: each
-        # token is found with its probability, and never one of probability 0.
+        # token is drawn with its probability, and never one of probability 0.
         point = ((1.0 - uniform) * cdf[:, -1]).to(cdf.dtype).unsqueeze(1)  # (N, 1)
         return torch.searchsorted(cdf, point).squeeze(1)  # (N,)
 
@@ -220,10 +215,8 @@ def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
 def rows_to_keep(live: Tensor) -> Tensor:
     """The rows that go on, as `select` takes them: live (N,) bool -> rows (N',) long.
 
-    The N' live rows must end up as the first N'. Those already among the first N' stay
-    where they are, and the live rows beyond take the places of the finished ones, so only
-    as many rows move as have finished in front (keeping the order would move every row
-    after the first finished one).
+    The live rows become the first N': those already there stay put and the ones beyond fill
+    the finished rows' places, so only as many rows move as have finished in front.
     """
     count = int(live.sum())
     rows = torch.arange(count, device=live.device)  # (N',)
@@ -256,13 +249,12 @@ def _check_lengths(batch_size: int, max_lengths: Tensor) -> None:
 
 
 def _argmax(logits: Tensor, chunk: int = 64) -> Tensor:
-    """`logits.argmax(dim=-1)`, the first index of each row's maximum, (N,) long; faster.
+    """`logits.argmax(dim=-1)` (N,) long, the first index of each row's maximum; faster on a CPU.
 
-    The maximum of the logits is that of the log-probabilities. On the CPU, `argmax` keeps an
-    index beside every value it compares and runs several times slower than `amax`. So `amax`
-    finds the maximum of each chunk of a row, and `argmax` only looks at the chunk maxima and
-    inside the first chunk that holds the row's maximum; the tail that fills no whole chunk
-    wins only with a strictly larger value. Same index as `argmax`, NaN included.
+    CPU `argmax` carries an index beside every value and is much slower than `amax`, so `amax`
+    takes each chunk's maximum, and `argmax` looks only at those and inside the first chunk
+    holding the row's maximum; the tail that fills no whole chunk wins only when strictly
+    larger. Same index as `argmax`, NaN rows included.
     """
     rows, vocab_size = logits.shape
     whole = vocab_size // chunk * chunk
@@ -290,24 +282,13 @@ def _decode_paths(
 ) -> list[list[int]]:
     """Run one path per sentence, stepping the decoder and choosing with `next_tokens`.
 
-    Args:
-        decoder: holds `batch_size` rows, no token fed yet.
-        batch_size: B.
-        max_lengths: (B,) long, budget of generated tokens per sentence (EOS included), on the
-            decoder's device.
-        next_tokens: the last tokens (N,) and each row's sentence (N,) -> next tokens (N,),
-            by stepping `decoder`.
-        bos_id: token fed at the first step.
-        eos_id: token that ends a sentence.
-
-    Returns:
-        B lists of token ids, without BOS and EOS.
+    `next_tokens` maps the last tokens (N,) and each row's sentence (N,) to the next tokens
+    (N,) by stepping `decoder`; the other arguments and the result are as in `greedy_search`.
     """
     _check_lengths(batch_size, max_lengths)
     device = max_lengths.device
     longest = max(int(max_lengths.max()), 0) if batch_size > 0 else 0
-    # Each sentence's tokens, then EOS to the end: a sentence's length is where its first EOS
-    # lies, so that no lengths are kept step by step.
+    # Each sentence's tokens, then EOS to the end: its length is where its first EOS lies.
     generated = torch.full((batch_size, longest + 1), eos_id, dtype=torch.long, device=device)
     sentences = torch.arange(batch_size, device=device)  # (N,) sentence of each decoder row
     tokens = torch.full((batch_size,), bos_id, dtype=torch.long, device=device)  # (N,)

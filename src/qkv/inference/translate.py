@@ -18,7 +18,6 @@ from qkv.inference.graphed import make_decoder
 from qkv.inference.incremental import DecodingWeights
 from qkv.inference.precision import decoding_model
 from qkv.inference.search import check_sampling, greedy_search, sample
-from qkv.inference.search_graphs import SearchGraphs
 from qkv.inference.workers import auto_workers, check_workers, map_in_workers
 from qkv.model.seq2seq import Seq2SeqTransformer
 
@@ -42,7 +41,7 @@ class DecodeOptions:
     top_p: float = 1.0
     seed: int = 0
     max_tokens: int = 6000  # source tokens x beam per batch
-    cuda_graphs: bool = True  # on a GPU, replay each model and search step as one CUDA graph
+    cuda_graphs: bool = True  # on a GPU, replay each step of the model as one CUDA graph
     workers: int = 0  # on a CPU, threads decoding batches side by side (0: `auto_workers`)
     bf16: bool = False  # decode a bfloat16 copy of the model (see `precision.py`)
 
@@ -137,7 +136,6 @@ def _translate_ids(
         [todo[i] for i in batch]
         for batch in token_budget_batches(lengths, budget, shuffle=False, seed=0, epoch=0)
     ]
-    graphs = SearchGraphs(model) if options.cuda_graphs and device.type == "cuda" else None
     weights = DecodingWeights(model)  # made at the first batch, shared by the workers
     seeds = torch.randint(
         2**62, (len(sources),), generator=torch.Generator().manual_seed(options.seed)
@@ -150,7 +148,7 @@ def _translate_ids(
         for j, r in enumerate(rows):
             src[j, : len(sources[r])] = torch.tensor(sources[r])
         seeds_of_rows = [seeds[r] for r in rows]
-        return _decode_batch(model, src.to(device), options, seeds_of_rows, graphs, weights)
+        return _decode_batch(model, src.to(device), options, seeds_of_rows, weights)
 
     width = 1 if options.sampling else options.beam_size
     workers = auto_workers(options.workers, device, width)
@@ -169,12 +167,11 @@ def _decode_batch(
     src: torch.Tensor,
     options: DecodeOptions,
     seeds: list[int],
-    graphs: SearchGraphs | None,
     weights: DecodingWeights,
 ) -> list[list[int]]:
     """Sources (B, S), padded, on the model's device -> B lists of target ids. `seeds`: one per
-    sentence, for sampling. With `graphs` (on a GPU), greedy and beam search run as replays of
-    graphs kept across batches; elsewhere the batches share the frozen `weights`."""
+    sentence, for sampling. On a GPU each step of the model is a CUDA graph replay
+    (`make_decoder`); on a CPU the batches share the frozen `weights`."""
     batch = src.size(0)
     src_lengths = (src != PAD_ID).sum(1)  # (B,)
     limit = model.config.max_len - 1
@@ -182,11 +179,6 @@ def _decode_batch(
     # Python int such as 10**30 fits in no tensor (and a long would wrap).
     budgets = src_lengths * min(options.max_len_a, limit) + min(options.max_len_b, limit)
     max_lengths = budgets.clamp(0, limit).long()  # (B,)
-    if graphs is not None and not options.sampling:  # whole search steps as graph replays
-        if options.beam_size > 1:
-            found = graphs.beam(src, options.beam_size, max_lengths, options.alpha)
-            return [hyps[0].tokens for hyps in found]
-        return graphs.greedy(src, max_lengths)
     beams = 1 if options.sampling else options.beam_size
     decoder = make_decoder(
         model, src, int(max_lengths.max()) + 1, batch * beams, options.cuda_graphs, weights

@@ -67,9 +67,8 @@ class Translator:
     ) -> list[str]:
         """Translate sentences; options are `DecodeOptions` fields (alpha, max_len_a, ...).
 
-        Blank sentences (nothing but whitespace and invisible characters such as zero-width
-        spaces) translate to empty strings, in their places. With
-        `progress`, a bar of sentences done is drawn on stderr when stderr is a terminal.
+        Blank sentences (only whitespace and invisible characters such as zero-width spaces)
+        translate to empty strings. `progress` draws a progress bar on stderr if it is a terminal.
 
         Raises:
             TypeError: if `sentences` is one string, or holds something else than strings.

@@ -1,18 +1,14 @@
 """Decoding batches side by side on a CPU: `map_in_workers(job, count, workers)`.
 
-A decoding step multiplies small matrices (64 rows by 256 columns for a batch of 64) and runs
-dozens of small operations. Two torch threads on one such step meet at every operation, and
-how long one waits for the other depends on the host: on a shared 2-core VM the second
-thread's share of a 64-row product comes and goes in stretches of seconds, and with it a
-quarter of the decoding speed (`benchmarks/README.md`). Two threads of this process, each
-decoding batches of its own on one torch thread, never meet: a batch takes longer, but two go
-at once. Translators built for CPUs work this way: CTranslate2's `inter_threads` is the
-same split.
+A decoding step runs dozens of small operations on small matrices. Two torch threads sharing
+one step meet at every operation, and how long one waits for the other depends on the host
+(on a shared VM it varies widely). Two threads that each decode batches of their own on one
+torch thread never meet: a batch takes longer, but two run at once, as with CTranslate2's
+`inter_threads` (see `docs/performance.md`).
 
-The workers are threads of this process, so they share the model and start at once. torch
-runs its operations without Python's lock, which the workers then hold only for the few
-microseconds of each operation's call. torch's thread count is per thread: each worker sets
-its own, and the caller's is left as it was.
+The workers are threads of this process, so they share the model and start at once; torch runs
+its operations without Python's lock, which a worker holds only to call each one. torch's
+thread count is per thread: each worker sets its own, and the caller's is restored.
 """
 
 from __future__ import annotations
@@ -54,11 +50,9 @@ def check_workers(workers: int, device: torch.device) -> None:
 
 def auto_workers(workers: int, device: torch.device, width: int = 1) -> int:
     """How many workers decode: `workers` when given (> 0); for 0 (auto), one per torch thread
-    of the caller, at most AUTO_MOST, for a search of one path per sentence (greedy,
-    sampling) on a CPU, and one otherwise. A beam search's width multiplies the rows of a
-    batch (`width`), and so the size of its products and the memory of each batch decoded at
-    once: there two workers paid 1.07x for half as much memory again (`benchmarks/README.md`).
-    """
+    of the caller, at most AUTO_MOST, for greedy search and sampling on a CPU, else one. A beam
+    search's `width` multiplies a batch's rows, and so its products and the memory of every
+    batch in flight: there more workers gain little for much more memory."""
     if workers > 0:
         return workers
     if device.type != "cpu" or width > 1:

@@ -2,13 +2,10 @@
 
     Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V
 
-Two paths, one module: the fused `F.scaled_dot_product_attention` when no weights are asked
-for, and `scaled_dot_product_attention` below, written out, which also returns the softmax
-weights (for pictures and tests). They compute the same numbers (tested).
-
-The projections are packed in one `in_proj` (rows: query, key, value), laid out like
-`torch.nn.MultiheadAttention`'s `in_proj_weight`: self-attention projects q, k and v in one
-matmul, cross-attention q from the target and k, v from the source.
+`MultiHeadAttention` runs the fused `F.scaled_dot_product_attention`, or, when the weights are
+asked for, `scaled_dot_product_attention` below, which gives the same numbers and the weights.
+The projections share one `in_proj` (rows: query, key, value), laid out like the `in_proj_weight`
+of `torch.nn.MultiheadAttention`, so self-attention projects q, k and v in one matmul.
 """
 
 from __future__ import annotations
@@ -76,11 +73,10 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from `query` (B, T, D) to `key`/`value` (B, S, D).
 
-        With a self-attention cache (decoding), the new keys and values are appended to it
-        and the queries attend to everything cached. With a `SourceKV` (cross-attention while
-        decoding) the source's keys and values come from it, computed once, and `key`/`value`
-        are not read; rows that decode one source (the W beams of a sentence, G sources in
-        all) attend as W queries of that source, so its keys and values are read once.
+        With a self-attention cache (decoding), the new keys and values are appended to it and
+        the queries attend to everything cached. With a `SourceKV` (cross-attention while
+        decoding), `key`/`value` are not read: the rows of one source (its W beams; G sources)
+        attend as W queries to that source's precomputed keys and values.
 
         Returns:
             output (B, T, D) and weights (B, H, T, S) when `need_weights`, else None.

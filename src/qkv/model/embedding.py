@@ -22,12 +22,9 @@ class TokenEmbedding(nn.Module):
 
 
 def check_ids(ids: Tensor, vocab_size: int, name: str) -> None:
-    """Raise ValueError unless `ids` is a (B, L) tensor of int64 or int32 ids in
-    [0, vocab_size) (TypeError if it is no tensor at all).
-
-    The range is read on CPU tensors only: on a GPU it would wait for the device at every
-    call (an id out of range stops the kernel there instead).
-    """
+    """Raise TypeError unless `ids` is a tensor, ValueError unless it is (B, L) int64 or int32
+    ids in [0, vocab_size). The range is checked on CPU tensors only: on a GPU the check would
+    wait for the device at every call, and the embedding kernel stops at a bad id anyway."""
     if not isinstance(ids, Tensor):
         raise TypeError(f"{name} must be a torch tensor of token ids, got {type(ids).__name__}")
     if ids.dim() != 2:

@@ -24,13 +24,10 @@ class SelfAttentionCache(Protocol):
 class KVCache:
     """Preallocated keys and values of one self-attention layer.
 
-    The buffers are step-major, (T_max, N, H, K): a step's keys for all rows lie side by side,
-    so that an append writes one block, and the steps filled so far are one dense block, which
-    the batched products over the cache read with no gaps. `keys` and `values` are
-    (N, H, T_max, K) views of them, whose N and H merge without a copy. Beam search's
-    reordering copies only
-    the steps that a row's new place does not hold already (`changed_steps`), each step of a
-    row one (H · K) block.
+    The buffers are step-major, (T_max, N, H, K): an append writes one block, and the steps
+    filled so far form one dense block for the batched products over the cache. `keys` and
+    `values` are (N, H, T_max, K) views, whose N and H merge without a copy. Reordering rows
+    copies only the steps a row's new place lacks (`changed_steps`), one (H · K) block each.
 
     Args:
         rows: N, the number of sequences decoded together.
@@ -77,12 +74,11 @@ class KVCache:
         return self.keys[:, :, :end], self.values[:, :, :end]  # (N, H, length, K)
 
     def select(self, rows: Tensor, steps: ChangedSteps | None = None) -> None:
-        """Keep and reorder rows: new row i = old row rows[i] (rows (N',) long).
+        """Keep and reorder rows in place: new row i = old row rows[i] (rows (N',) long).
 
-        In place: only the rows that change (rows[i] != i) are written, and only the steps
-        filled so far. Beam search arranges its beams so that most rows stay where they are.
-        `steps` (`changed_steps`, for no more rows than `rows_held`) narrows the copy down to
-        the steps that change.
+        Only rows that change (rows[i] != i) are written, and only the steps filled so far;
+        beam search keeps most rows in place. `steps` (`changed_steps`, for at most
+        `rows_held` rows) narrows the copy to the steps that change.
         """
         if self.keys.requires_grad:  # decoding under autograd: in-place copies are not allowed
             self.keys, self.values = self.keys[rows], self.values[rows]  # (N', H, T_max, K)
@@ -124,10 +120,9 @@ class ChangedSteps(NamedTuple):
 
 
 def changed_steps(rows: Tensor, held: Tensor, length: int, rows_held: int) -> ChangedSteps:
-    """The steps that reordering `rows` changes in step-major buffers of `rows_held` rows that
-    hold `length` steps: those of each row i with rows[i] != i, from step held[i] on (held
-    (N',) long: the leading steps that place i already holds equal to those of old row
-    rows[i])."""
+    """The steps to copy when reordering `rows` in step-major buffers of `rows_held` rows
+    holding `length` steps: for each row i with rows[i] != i, steps held[i] onward, where held
+    (N',) long counts the leading steps that place i already shares with old row rows[i]."""
     count = rows.numel()
     moved = ((rows != torch.arange(count, device=rows.device)) & (held < length)).nonzero()
     moved = moved.squeeze(1)  # (C,) the rows that change
@@ -187,9 +182,9 @@ class DecoderCache:
         """Keep and reorder rows: new row i = old row rows[i] (beam reordering and expansion,
         dropping finished sentences).
 
-        `held` (N',) long, where given: the leading steps that place i already holds equal to
-        those of old row rows[i] (a beam's siblings share most of their past). Only the steps
-        from there on are copied (`changed_steps`, worked out once for all layers).
+        `held` (N',) long, if given, counts the leading steps that place i already shares with
+        old row rows[i] (beam siblings share most of their past); only later steps are copied
+        (`changed_steps`, computed once for all layers).
         """
         steps: ChangedSteps | None = None
         first = self.self_attn[0] if self.self_attn else None
@@ -206,8 +201,7 @@ class DecoderCache:
         count, entries_before = groups.numel(), self.src_mask.size(0)
         tensors = [t for kv in self.source for t in (kv.keys, kv.values)]
         if count <= entries_before and not tensors[0].requires_grad:
-            # As many entries or fewer (finished sentences dropped): moved in place, and
-            # nothing at all when every group reads the entry it read before.
+            # At most as many entries (finished sentences dropped): moved in place, if at all.
             move_rows([*tensors, self.src_mask], groups)
             self._keep(slice(0, count))  # a new mask object: what reads it sees it changed
         elif not torch.equal(groups, torch.arange(entries_before, device=groups.device)):

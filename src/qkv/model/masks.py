@@ -44,8 +44,8 @@ def decoder_self_mask(tgt_ids: Tensor, pad_id: int) -> Tensor:
 
 
 def check_mask(mask: Tensor | None, name: str = "mask") -> None:
-    """Refuse a mask that is not boolean: a float mask of 0s and 1s would be taken by the fused
-    kernel as numbers added to the scores, and attend where it should not, without a word.
+    """Refuse a non-boolean mask: the fused kernel adds a float mask of 0s and 1s to the scores,
+    and so silently attends where it should not.
 
     Raises:
         TypeError: if `mask` is not None and not of dtype torch.bool.

@@ -39,7 +39,7 @@ _INTEGER = re.compile(r"-?[0-9]+")
 
 
 def clean_text(text: str) -> str:
-    """HTML line breaks (as in IMDB reviews) become spaces; runs of spaces collapse."""
+    """`text` with HTML line breaks (as in IMDB reviews) as spaces and runs of spaces collapsed."""
     return " ".join(_BREAKS.sub(" ", text).split())
 
 
@@ -50,21 +50,21 @@ class ClassificationData:
     train_file: str = ""  # JSONL, CSV or TSV (optionally .gz)
     valid_file: str = ""  # empty: hold out valid_fraction of the training file
     valid_fraction: float = 0.1  # share of the training file held out for validation
-    text_field: str = "text"  # name of the text column / key
-    label_field: str = "label"  # name of the label column / key
+    text_field: str = "text"  # column or key of the text
+    label_field: str = "label"  # column or key of the label
     vocab_size: int = 16000  # BPE vocabulary size
     min_frequency: int = 2  # BPE merges need this many occurrences
     lowercase: bool = False  # lowercase before BPE
     max_len: int = 256  # tokens kept per text
-    head_tail: bool = True  # keep the head and the tail of long texts (else the head)
-    cls: bool = False  # prepend a [CLS] token (set from the model's pooling)
+    head_tail: bool = True  # keep the head and tail of long texts (else the head)
+    cls: bool = False  # prepend a [CLS] token (follows the model's pooling)
     labels: list[str] = field(default_factory=list)  # label names, filled from the data
 
     def read(
         self, path: str | Path, known_labels: Collection[str] | None = None
     ) -> tuple[list[str], list[str]]:
-        """(texts, labels) of a labelled file, read through this data's fields and refusing a
-        text that is empty once cleaned (see `readers.read_labelled`)."""
+        """(texts, labels) of a labelled file, by this data's fields; a text empty once
+        cleaned is refused (see `readers.read_labelled`)."""
         return read_labelled(
             Path(path),
             text_field=self.text_field,
@@ -74,8 +74,8 @@ class ClassificationData:
         )
 
     def check(self) -> None:
-        """Raise ConfigError for a validation share out of range (checked for new runs only:
-        a run saved with one still loads)."""
+        """Raises ConfigError for settings out of range; checked for new runs only, so a
+        saved run still loads."""
         check_vocabulary(self.vocab_size, self.min_frequency)
         if not 1 + self.cls <= self.max_len <= MAX_POSITIONS:
             extra = " with a [CLS] token (pooling=cls)" if self.cls else ""
@@ -101,7 +101,7 @@ def sorted_labels(values: list[str]) -> list[str]:
 def encode_texts(
     tokenizer: Tokenizer, texts: list[str], data: ClassificationData
 ) -> list[list[int]]:
-    """Clean, tokenize and truncate texts to what the model sees (the [CLS] slot included)."""
+    """Texts cleaned, tokenized and truncated to what the model sees (room left for [CLS])."""
     room = data.max_len - (1 if data.cls else 0)
     return [
         truncate(ids, room, data.head_tail)
@@ -211,10 +211,9 @@ def run_data(run: RunConfig, run_dir: Path) -> ClassificationData:
 def prepare(
     data: ClassificationData, run_dir: Path, tokenizer: Tokenizer | None, seed: int
 ) -> tuple[Tokenizer, dict[str, list[list[int]]], ClassificationData]:
-    """Read, split, train (or reuse) the tokenizer, tokenize once and cache.
-
-    A resumed run (`tokenizer` given) must find the text its cache was made from."""
-    new_run = tokenizer is None  # a cache left in its directory belongs to no tokenizer of it
+    """Reads and splits the data, trains the tokenizer (unless given), tokenizes once and
+    caches. A resumed run (`tokenizer` given) must find the text its cache holds."""
+    new_run = tokenizer is None  # a cache found in run_dir was not made with its tokenizer
     cache_path = run_dir / "cache" / "tokens.safetensors"
     texts, labels = data.read(data.train_file)
     digests = {"train": text_digest(texts, labels)}
@@ -277,8 +276,8 @@ def train_classification(
     run_dir: Path,
     resume: bool | RunConfig = False,
 ) -> Progress:
-    """Train a text classifier into `run_dir`, or continue one (`resume`: True, or the run's
-    configuration with changes, saved once the data checks out)."""
+    """Trains a text classifier into `run_dir`, or continues one (`resume`: True, or the
+    run's configuration with changes, saved once the data checks out)."""
     tokenizer: Tokenizer | None = None
     if resume:
         run = resume if isinstance(resume, RunConfig) else RunConfig.load(run_dir)
@@ -292,7 +291,7 @@ def train_classification(
         assert data is not None and model_config is not None and train_config is not None
         data.cls = model_config.pooling == "cls"
         data.check()
-        # Saved absolute, so that `--resume` finds them from any working directory.
+        # Absolute, so that `--resume` finds them from any working directory.
         data.train_file = os.path.abspath(data.train_file) if data.train_file else ""
         data.valid_file = os.path.abspath(data.valid_file) if data.valid_file else ""
     device = pick_device(train_config.device)  # before any work: a missing GPU fails first

@@ -1,18 +1,15 @@
 """The built-in demo task: human-written dates to ISO 8601 (`YYYY-MM-DD`).
 
-A small translation problem that needs no download and trains in minutes on a CPU, yet asks the
-model for what real translation needs: reordering (day-month-year to year-month-day), a lookup
-from words to numbers (`March` to `03`) and ignoring noise (weekday names, ordinal suffixes).
+A small translation problem that needs no download and trains in minutes on a CPU, yet needs
+reordering (day-month-year to year-month-day), a lookup from words to numbers (`March` to
+`03`) and ignoring noise (weekdays, ordinal suffixes).
 
-Conventions, chosen so that every source string names exactly one date:
+Every source string names exactly one date:
 
-- Slash-separated numeric dates with the year last are US month-first: `03/04/2021` is
-  4 March 2021 (`2021-03-04`).
-- Dot-separated numeric dates are day-first, as in most of Europe: `04.03.2021` is also
-  4 March 2021.
-- Years are always written with four digits; two-digit years (`3.3.21`) are never produced,
-  because in the range 1900-2099 they would name two different dates.
-- Month and weekday names are English, independent of the machine's locale.
+- Slashed numeric dates with the year last are US month-first: `03/04/2021` is 2021-03-04.
+- Dotted numeric dates are day-first, as in most of Europe: `04.03.2021` is also 2021-03-04.
+- Years have four digits: two (`3.3.21`) would be ambiguous over 1900-2099.
+- Month and weekday names are English, whatever the locale.
 """
 
 from __future__ import annotations
@@ -44,7 +41,7 @@ WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", 
 
 
 def ordinal(day: int) -> str:
-    """Writes a day of the month as an English ordinal: 1st, 2nd, 3rd, 4th, 11th, 21st."""
+    """A day of the month as an English ordinal: 1st, 2nd, 3rd, 4th, 11th, 21st."""
     if 11 <= day % 100 <= 13:
         return f"{day}th"
     suffix = {1: "st", 2: "nd", 3: "rd"}.get(day % 10, "th")
@@ -63,8 +60,7 @@ def _weekday(day: datetime.date) -> str:
     return WEEKDAYS[day.weekday()]
 
 
-# Each renderer writes one date in one human style; the keys name the style by example,
-# all for Wednesday 3 March 2021.
+# Renderers of one date style each, keyed by how they write Wednesday 3 March 2021.
 DATE_FORMATS: dict[str, Callable[[datetime.date], str]] = {
     "3 March 2021": lambda d: f"{d.day} {_month(d)} {d.year}",
     "March 3, 2021": lambda d: f"{_month(d)} {d.day}, {d.year}",
@@ -86,17 +82,15 @@ DATE_FORMATS: dict[str, Callable[[datetime.date], str]] = {
 
 
 def generate_date_pairs(n: int, seed: int) -> list[tuple[str, str]]:
-    """Draws `n` (human-written date, ISO date) pairs.
+    """Draws `n` (human-written date, ISO date) pairs, such as
+    `("Wednesday, March 3, 2021", "2021-03-03")`.
 
-    Dates are uniform over 1900-01-01..2099-12-31 and each is written in a style drawn
-    uniformly from `DATE_FORMATS`. The same `seed` always gives the same pairs.
+    Dates are uniform over 1900-01-01..2099-12-31, each in a style drawn uniformly from
+    `DATE_FORMATS`. The same `seed` always gives the same pairs.
 
     Args:
         n: number of pairs, zero or more.
-        seed: seed of the private random generator; the global `random` state is untouched.
-
-    Returns:
-        `n` pairs such as `("Wednesday, March 3, 2021", "2021-03-03")`.
+        seed: seed of a private generator; the global `random` state is untouched.
 
     Raises:
         ConfigError: if `n` is negative.

@@ -1,6 +1,6 @@
 """The demo: learn to rewrite human-written dates as ISO dates in about a minute on a CPU.
 
-Everything is generated, so the demo needs no download. It writes
+The data is generated, so nothing is downloaded. The demo writes
 
     OUT/data/          train, val and test pairs as {split}.src / {split}.tgt text files
     OUT/run/           the trained run, usable with every command that takes a RUN
@@ -25,7 +25,7 @@ from qkv.training.config import TrainConfig
 
 DATA_DIR, RUN_DIR = "data", "run"
 ATTENTION_FILE, CURVES_FILE = "attention.png", "curves.png"
-DEMO_VOCAB = 400  # joint BPE: month and weekday names whole, numbers in pieces
+DEMO_VOCAB = 400  # joint BPE: whole month and weekday names, numbers in pieces
 
 
 @dataclass
@@ -43,19 +43,16 @@ class DemoExample:
 
 @dataclass
 class DemoResult:
-    """What `run_demo` measured and wrote."""
+    """What `run_demo` scored and wrote."""
 
     accuracy: float  # exact-match accuracy of greedy translations of the held-out pairs
-    examples: list[DemoExample]  # the first few held-out pairs, with the model's output
+    examples: list[DemoExample]  # the first held-out pairs, with the model's output
     paths: dict[str, Path] = field(default_factory=dict)  # "data", "run", "attention", "curves"
 
 
 def demo_model() -> ModelConfig:
-    """A small encoder-decoder: D 64, 4 heads, F 128, 2+2 layers (vocab_size is set later).
-
-    Per second of CPU time this reaches a higher accuracy than D 128, whose steps cost about
-    three times as much.
-    """
+    """A small encoder-decoder, sized for a minute of CPU time: D 64, 4 heads, F 128, 2+2
+    layers (vocab_size is set from the tokenizer)."""
     return ModelConfig(
         vocab_size=DEMO_VOCAB,
         d_model=64,
@@ -69,7 +66,7 @@ def demo_model() -> ModelConfig:
 
 
 def demo_training(minutes: float, seed: int, eval_every: int = 100) -> TrainConfig:
-    """A high peak rate after a short warm-up: about 250 steps reach over 95 % exact match."""
+    """A high peak learning rate after a short warm-up, to learn much in few steps."""
     return TrainConfig(
         lr=5e-3,
         warmup=100,
@@ -80,9 +77,7 @@ def demo_training(minutes: float, seed: int, eval_every: int = 100) -> TrainConf
         eval_every=eval_every,
         keep_checkpoints=1,
         seed=seed,
-        # One thread: on a machine busy with other work, two threads made each step of a model
-        # this small ten times slower or worse.
-        threads=1,
+        threads=1,  # steps this small gain nothing from more threads, and lose on a busy machine
         log_every=10,
     )
 
@@ -99,8 +94,8 @@ def make_demo_data(
 ) -> list[tuple[str, str]]:
     """Generates train, val and test date pairs into `directory`; returns the test pairs.
 
-    The three splits come from different seeds, and validation and test sources that also
-    occur in the training set are dropped, so that the test accuracy is on unseen inputs.
+    The splits use different seeds, and validation and test sources that occur in the
+    training set are dropped, so that the test accuracy is on unseen inputs.
     """
     directory.mkdir(parents=True, exist_ok=True)
     train = generate_date_pairs(n_train, seed=3 * seed)
@@ -128,22 +123,19 @@ def run_demo(
     eval_every: int = 100,
     echo: Callable[[str], None] = print,
 ) -> DemoResult:
-    """Generates date data, trains a small model on it, scores it and draws pictures.
+    """Generates date data, trains a small model on it, scores it and draws pictures; returns
+    the accuracy, examples and paths written.
 
     Args:
-        out_dir: directory to write into (see the module docstring); created if missing. A
-            run left there by an earlier demo is replaced.
-        minutes: training time budget (validation time not counted).
+        out_dir: directory to write into (see the module docstring), created if missing; a
+            run an earlier demo left there is replaced.
+        minutes: training time budget, validation not counted.
         seed: seeds the data, the initialisation and the batch order.
-        n_train: training pairs to generate.
-        n_valid: validation pairs, decoded at every validation for BLEU.
-        n_test: held-out pairs for the final exact-match accuracy.
+        n_train, n_valid, n_test: pairs to generate for training, for the BLEU of every
+            validation, and for the final exact-match accuracy.
         n_examples: held-out pairs to return with the model's output.
         eval_every: validate every N optimiser steps.
         echo: where progress lines go.
-
-    Returns:
-        Accuracy, examples and the paths written.
 
     Raises:
         ConfigError: if a size or the budget is not positive (`n_examples` may be 0),

@@ -49,7 +49,7 @@ class TranslationData:
     valid_sentences: int = 0  # cap on validation sentences decoded for BLEU; 0 = all
 
     def __post_init__(self) -> None:
-        """Raise ConfigError for a setting out of range."""
+        """Raises ConfigError for a setting out of range."""
         if self.valid_sentences < 0:
             raise ConfigError(f"valid_sentences must be >= 0 (0 = all), got {self.valid_sentences}")
         if not 1 <= self.max_len <= MAX_POSITIONS:
@@ -135,9 +135,8 @@ class TranslationTask:
 def _fit_validation(
     src: list[list[int]], tgt: list[list[int]], max_len: int
 ) -> tuple[list[list[int]], list[list[int]]]:
-    """Validation pairs cut to what a model of `max_len` positions reads: a source of max_len
-    tokens, a target of max_len - 1 (and BOS or EOS). Their BLEU is still against the whole
-    reference."""
+    """Validation pairs cut to what a model of `max_len` positions reads: max_len source
+    tokens, max_len - 1 target tokens (plus BOS or EOS). BLEU still uses whole references."""
     long = sum(len(s) > max_len or len(t) >= max_len for s, t in zip(src, tgt, strict=True))
     if long:
         print(
@@ -150,11 +149,10 @@ def _fit_validation(
 def prepare(
     data: TranslationData, run_dir: Path, tokenizer: Tokenizer | None, model_max_len: int
 ) -> tuple[Tokenizer, dict[str, list[list[int]]], list[str]]:
-    """Read and validate the text, train (or reuse) the tokenizer, tokenize once and cache.
+    """Reads the text, trains the tokenizer (unless given), tokenizes once and caches.
 
-    Training pairs longer than `data.max_len` or than the model's positions
-    (`model_max_len`) are skipped. A resumed run (`tokenizer` given) must find the text its
-    cache was made from."""
+    Training pairs longer than `data.max_len` or `model_max_len` are skipped. A resumed run
+    (`tokenizer` given) must find the text its cache holds."""
     directory = Path(data.data_dir)
     paths = {
         f"{split}.{side}": find_split(directory, name, language)
@@ -165,9 +163,9 @@ def prepare(
     valid_src, valid_tgt = read_parallel(paths["valid.src"], paths["valid.tgt"])
     read = zip(paths, (train_src, train_tgt, valid_src, valid_tgt), strict=True)
     digests = {name: text_digest(lines) for name, lines in read}
-    new_run = tokenizer is None  # a cache left in its directory belongs to no tokenizer of it
+    new_run = tokenizer is None  # a cache found in run_dir was not made with its tokenizer
     cache_path = run_dir / "cache" / "tokens.safetensors"
-    if not new_run:  # a resumed run: the text its cache was made from
+    if not new_run:  # a resumed run must read the text its cache holds
         check_same_data(cache_path, {name: (paths[name], digests[name]) for name in digests})
     if data.valid_sentences:
         valid_src, valid_tgt = valid_src[: data.valid_sentences], valid_tgt[: data.valid_sentences]
@@ -215,8 +213,8 @@ def train_translation(
     run_dir: Path,
     resume: bool | RunConfig = False,
 ) -> Progress:
-    """Train a translation model into `run_dir`, or continue one (`resume`: True, or the run's
-    configuration with changes, saved once the data checks out)."""
+    """Trains a translation model into `run_dir`, or continues one (`resume`: True, or the
+    run's configuration with changes, saved once the data checks out)."""
     if resume:
         run = resume if isinstance(resume, RunConfig) else RunConfig.load(run_dir)
         data = data_settings(TranslationData, run.data, run_dir)
@@ -225,9 +223,9 @@ def train_translation(
     else:
         assert data is not None and model_config is not None and train_config is not None
         tokenizer = None
-        # Saved absolute, so that `--resume` finds it from any working directory.
+        # Absolute, so that `--resume` finds it from any working directory.
         data.data_dir = os.path.abspath(data.data_dir) if data.data_dir else ""
-        # Positions for the longest pair kept: `max_len` names the data's limit.
+        # Positions for the longest pair kept (`max_len` is the data's limit).
         fields = {**model_config.to_dict(), "max_len": max(model_config.max_len, data.max_len)}
         model_config = ModelConfig(**fields)
         if model_config.n_decoder_layers < 1:  # refused before any work

@@ -1,10 +1,10 @@
 """Checkpoints that are never half-written and never unpickled.
 
-A checkpoint is a directory `checkpoints/step-000500/` holding `model.safetensors`,
-`optimizer.safetensors` and `state.json` (step, data position, RNG states, scheduler, metrics,
-and the SHA-256 of every other file). It is written as `step-000500.tmp/`, every file flushed
-and fsync'ed, then renamed in one step, so a crash leaves either the whole checkpoint or none.
-Loading re-checks every checksum, so a torn or corrupted file is reported, not used.
+A checkpoint is a directory `checkpoints/step-000500/` of `model.safetensors`,
+`optimizer.safetensors` (with the RNG states) and `state.json` (progress, optimiser settings,
+the other files' SHA-256). It is written as `step-000500.tmp/`, every file fsync'ed, then
+renamed, so a crash leaves the whole checkpoint or none; loading re-checks every checksum, so a
+torn file is reported, not used.
 """
 
 from __future__ import annotations
@@ -79,9 +79,9 @@ def save_tensors(
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file, fsync, then rename. On failure the
-    temporary file is removed and `path` is as it was. A symbolic link is written through (the
-    file it names is replaced), and a file replaced keeps its permissions."""
+    """Write `text` to `path` through a temporary file, fsync, then rename; on failure `path`
+    is left untouched. A symbolic link is written through, and a replaced file keeps its
+    permissions."""
     if path.is_symlink():
         path = path.resolve()
     tmp = path.with_name(path.name + ".tmp")
@@ -209,9 +209,9 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, Tenso
 
 
 def _plain_group(group: dict[str, Any]) -> dict[str, Any]:
-    """A parameter group as an ordinary optimiser's: a step recorded as a CUDA graph
-    (`qkv.training.graphed`) holds the learning rate in a device tensor and sets `capturable`;
-    the checkpoint keeps the number, and a run resumed on any device starts uncaptured."""
+    """A parameter group as an ordinary optimiser's: a CUDA-graph step (`qkv.training.graphed`)
+    holds the learning rate in a device tensor and sets `capturable`; the checkpoint keeps the
+    number, so a run resumed on any device starts uncaptured."""
     plain = {k: v.item() if isinstance(v, Tensor) else v for k, v in group.items()}
     if "capturable" in plain:
         plain["capturable"] = False

@@ -1,23 +1,17 @@
 """Training steps recorded once per batch shape as a CUDA graph, then replayed.
 
-On a GPU, a training step of a small model is about a thousand kernels of a few microseconds
-each, and launching them from Python takes longer than running them: the GPU waits for the
-host. A CUDA graph records the kernels of one whole step (forward, backward, gradient
-clipping, AdamW) and replays them with a single launch. A graph replays the same kernels on
-the same memory, so a step must:
+A small model's training step is many short GPU kernels, which Python launches more slowly
+than the GPU runs them. A CUDA graph replays a whole step (forward, backward, clipping, AdamW)
+with one launch on the same memory, so a step must:
 
-- take its inputs at a fixed shape: batches are padded to a few bucket shapes
-  (`qkv.data.batching.pad_to_bucket`) and each shape gets its graph, recorded the first time
-  it comes (that first step runs eagerly, and is a real step);
+- take inputs of a fixed shape: batches are padded to a few bucket shapes
+  (`qkv.data.batching.pad_to_bucket`), each recorded at its first step, which runs eagerly;
 - never wait for the device: the model runs on the padded batch (`packed=False`), the loss
-  projects a list of target rows that the host chose and rounded up (`target_rows`, filler
-  rows ignored by the loss), the learning rate is a device tensor, and a step whose
-  loss or gradient norm is not finite is skipped by the optimiser on the device (AdamW's
-  fused kernel reads the `found_inf` flag that a gradient scaler would set);
-- keep its gradients where they are: they are zeroed in place, never set to None.
+  projects target rows the host chose (`target_rows`), the learning rate is a device tensor,
+  and AdamW's fused kernel skips a non-finite step on the device (its `found_inf` flag);
+- zero its gradients in place, never set them to None.
 
-The graphs share one memory pool: each replay's temporaries may overwrite another's, and the
-outputs (loss, gradient norm) are copied to tensors outside the pool.
+The graphs share one memory pool; the loss and gradient norm are copied outside it.
 """
 
 from __future__ import annotations
@@ -74,7 +68,7 @@ class GraphedStep:
         # 0-dim outputs, outside the graphs' pool: written by every step, read after it
         self.loss_sum = torch.zeros((), device=self.device)
         self.norm = torch.zeros((), device=self.device)
-        self.found_inf = torch.zeros((), device=self.device)  # 1.0: the update was skipped
+        self.found_inf = torch.zeros((), device=self.device)  # 1.0: the update is skipped
         self.lr = torch.zeros((), device=self.device)
         self.optimizer.found_inf = self.found_inf  # type: ignore[attr-defined]
 
@@ -86,7 +80,7 @@ class GraphedStep:
 
         Returns:
             The summed loss and the gradient norm before clipping, 0-dim tensors that the
-            next step overwrites. When either is not finite, the weights were not updated.
+            next step overwrites. When either is not finite, the weights are left unchanged.
         """
         self._set_lr(lr)
         key = tuple((name, tuple(t.shape), t.dtype) for name, t in sorted(inputs.items()))

@@ -15,11 +15,10 @@ def nonpad_logits(
 ) -> tuple[Tensor, Tensor]:
     """Project only the decoder states whose label is a real token.
 
-    The output projection is the largest matmul of a step; skipping padded rows saves it
-    where it would be wasted. On the CPU the M real rows are rounded up to `padded_rows(M)`
-    (`Packing`'s filler rows, copies of the first real state), labelled `pad_id`: oneDNN's
-    linear layers take that many rows (`qkv.fast.linear`), and the gradient of the logits
-    then needs no widened copy.
+    The output projection is a step's largest matmul; padded rows would waste it. On the CPU
+    the M real rows are rounded up to `padded_rows(M)` with filler rows labelled `pad_id`, the
+    row count oneDNN's linear layers take (`qkv.fast.linear`), so the logits' gradient needs
+    no widened copy.
 
     Args:
         output: the output projection (D -> V).

@@ -9,8 +9,7 @@ from torch import nn
 
 FUSED_DEVICES = ("cpu", "cuda")
 """Devices on which AdamW's fused kernel is used: one pass over each parameter's weights,
-gradients and moments. On a 2-core CPU the benchmark model's optimiser step took 8 ms fused
-against 30 ms with `foreach` (`benchmarks/profile_step.py`), about 2 % of a training step."""
+gradients and moments, where `foreach` makes several."""
 
 
 def adamw(
@@ -23,8 +22,8 @@ def adamw(
 ) -> torch.optim.AdamW:
     """AdamW over `params` on `device`: fused on CPUs and CUDA GPUs, `foreach` elsewhere.
 
-    A run resumed from a checkpoint keeps the kernel it was saved with: the parameter groups
-    of an optimiser state dict carry their `fused` and `foreach` flags.
+    A run resumed from a checkpoint keeps the kernel of the run that saved it: the parameter
+    groups of an optimiser state dict carry their `fused` and `foreach` flags.
     """
     fused = device.type in FUSED_DEVICES
     return torch.optim.AdamW(

@@ -17,14 +17,12 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
 
 def tune_allocator() -> bool:
     """Ask glibc to keep freed large blocks instead of returning them to the kernel, in one
-    pool for all threads.
+    pool for all threads; returns whether it applied (glibc only).
 
-    Activations are allocated and freed every step; by default glibc maps and unmaps large
-    blocks each time and the page faults cost a tenth of a CPU training step. Kept blocks are
-    kept per arena, and glibc gives each new thread an arena of its own: decoding's worker
-    threads (`qkv.inference.workers`) would hold theirs apart from the caller's, and beam
-    search after greedy batches decoded two at a time peaked at 590 MB instead of 524.
-    Returns whether the setting was applied (glibc only).
+    Activations are allocated and freed every step, and by default glibc maps and unmaps large
+    blocks each time, paying page faults (gain in `docs/performance.md`). Kept blocks stay in
+    their arena, and each new thread gets its own: one arena stops decoding's worker threads
+    (`qkv.inference.workers`) from holding memory apart from the caller's.
     """
     name = ctypes.util.find_library("c")
     if name is None or os.name != "posix":

@@ -76,8 +76,8 @@ def stop_signals() -> Iterator[list[str]]:
 
 class _PipeGuard:
     """A text stream that takes a closed pipe as a request to stop: the first write or flush
-    that finds the reader gone is recorded in `received`, and from then on the output goes to
-    the null device (so that neither the rest of the run nor Python's exit fails on it)."""
+    that finds the reader gone is recorded in `received`, and later output goes to the null
+    device, so that neither the rest of the run nor Python's exit fails on it."""
 
     def __init__(self, stream: TextIO, received: list[str]) -> None:
         self._stream, self._received = stream, received
@@ -170,7 +170,7 @@ class Trainer:
         return directory
 
     def resume(self) -> None:
-        """Continue from the newest checkpoint that verifies; say which were skipped."""
+        """Continue from the newest checkpoint that verifies, reporting any bad newer ones."""
         directory, problems = ckpt.latest_good_checkpoint(self.checkpoints, check_progress)
         for problem in problems:
             print(f"warning: skipping bad checkpoint: {problem}")
@@ -230,7 +230,7 @@ class Trainer:
                     if stepped and self.should_stop():
                         p.done = True
                         break
-                    # A skipped step leaves p.step where it was: no second validation of it.
+                    # A skipped step leaves p.step unchanged: no second validation of it.
                     validated = stepped and p.step % c.eval_every == 0
                     if validated:
                         self.validate()
@@ -268,7 +268,7 @@ class Trainer:
         )
 
     def step(self, group: Sequence[Any], bar: tqdm) -> bool:
-        """One optimiser step over `group` (gradient accumulation); False if it was skipped."""
+        """One optimiser step over `group` (gradient accumulation); False if it is skipped."""
         c, p = self.config, self.progress
         start = time.perf_counter()
         self.model.train()

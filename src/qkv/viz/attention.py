@@ -1,9 +1,7 @@
 """Attention heatmaps: one panel per (kind, layer, head), tokens on both axes.
 
-Figures are built on `matplotlib.figure.Figure` with the Agg canvas, never through pyplot, so
-plotting touches no global figure state and needs no display.
-
-Shapes: `H` heads, `Tq` query positions (rows), `Tk` key positions (columns).
+Figures use `matplotlib.figure.Figure` on the Agg canvas, never pyplot, so plotting touches
+no global state and needs no display. Shapes: `H` heads, `Tq` queries (rows), `Tk` keys.
 """
 
 from __future__ import annotations
@@ -31,8 +29,8 @@ from qkv.errors import ConfigError, DataError, QkvError, file_in_the_way
 DPI = 110
 MAX_COLUMNS = 4
 
-# DejaVu Sans ships with matplotlib and covers Latin, Greek and Cyrillic; the others cover
-# scripts it lacks (CJK, Arabic, Devanagari, ...) and are used when the machine has them.
+# DejaVu Sans ships with matplotlib (Latin, Greek, Cyrillic); the others, used where
+# installed, cover scripts it lacks (CJK, Arabic, Devanagari, ...).
 PREFERRED_FONTS = (
     "DejaVu Sans",
     "Noto Sans",
@@ -49,12 +47,12 @@ PREFERRED_FONTS = (
     "Arial Unicode MS",
 )
 
-# Inches taken by one token cell, by one character of a tick label, and by the smallest panel.
+# Inches of one token cell, one character of a tick label, and the smallest panel.
 _CELL_INCHES = 0.24
 _CHAR_INCHES = 0.075
 _MIN_PANEL_INCHES = 2.6
 MAX_FIGURE_INCHES = 48.0
-"""The longest side of a figure: longer inputs are drawn smaller, with every k-th token named."""
+"""The longest side of a figure; larger figures are scaled down, naming every k-th token."""
 
 
 @dataclass
@@ -62,11 +60,10 @@ class AttentionPanel:
     """One heatmap: how much each query position attends to each key position.
 
     Args:
-        weights: attention weights, shape (Tq, Tk); rows sum to about 1 (or are all zero for
-            fully masked queries). A tensor on any device, or a numpy array.
-        query_tokens: the Tq tokens labelling the rows.
-        key_tokens: the Tk tokens labelling the columns.
-        title: the panel's caption, e.g. "encoder self · layer 2 · head 3".
+        weights: (Tq, Tk), a tensor on any device or a numpy array; rows sum to about 1, or
+            are all zero for fully masked queries.
+        query_tokens, key_tokens: the Tq row labels and the Tk column labels.
+        title: the caption, e.g. "encoder self · layer 2 · head 3".
     """
 
     weights: torch.Tensor | np.ndarray
@@ -84,7 +81,7 @@ class AttentionPanel:
             )
 
     def as_array(self) -> np.ndarray:
-        """Returns the weights as a float numpy array of shape (Tq, Tk)."""
+        """The weights as a float32 numpy array, (Tq, Tk)."""
         if isinstance(self.weights, torch.Tensor):
             return self.weights.detach().to("cpu", torch.float32).numpy()
         return np.asarray(self.weights, dtype=np.float32)
@@ -97,20 +94,16 @@ def select_panels(
     layers: Sequence[int] | None = None,
     heads: Sequence[int] | None = None,
 ) -> list[AttentionPanel]:
-    """Picks the (layer, head) maps to draw for one sentence.
+    """Picks the (layer, head) maps of one sentence to draw, as panels ordered by kind, layer
+    and head and titled with 0-based indices, e.g. "cross · layer 0 · head 3".
 
     Args:
-        maps: per kind ("encoder self", "decoder self", "cross"), one tensor per layer, each of
-            shape (H, Tq, Tk) for a single sentence.
-        query_tokens_by_kind: per kind, the Tq tokens of the queries (target tokens for
-            "decoder self" and "cross", source tokens for "encoder self").
-        key_tokens_by_kind: per kind, the Tk tokens of the keys.
-        layers: 0-based layer indices to keep, in the order given; None keeps all.
-        heads: 0-based head indices to keep, in the order given; None keeps all.
-
-    Returns:
-        Panels ordered by kind, then layer, then head, titled with the same 0-based indices,
-        e.g. "cross · layer 0 · head 3".
+        maps: per kind ("encoder self", "decoder self", "cross"), one (H, Tq, Tk) tensor per
+            layer.
+        query_tokens_by_kind: per kind, the Tq query tokens (the target's for "decoder self"
+            and "cross", the source's for "encoder self").
+        key_tokens_by_kind: per kind, the Tk key tokens.
+        layers, heads: 0-based indices to keep, in the order given; None keeps all.
 
     Raises:
         QkvError: if a layer or head index is out of range, or a kind has no tokens.
@@ -140,7 +133,7 @@ def select_panels(
 
 
 def _checked_indices(wanted: Sequence[int] | None, count: int, what: str, kind: str) -> list[int]:
-    """Returns `wanted` (or all of 0..count-1), after checking each index is in range."""
+    """`wanted` (or all of 0..count-1), each index checked to be in range."""
     if wanted is None:
         return list(range(count))
     for index in wanted:
@@ -155,21 +148,18 @@ def _checked_indices(wanted: Sequence[int] | None, count: int, what: str, kind: 
 def plot_attention(
     panels: Sequence[AttentionPanel], out_path: str | Path, title: str | None = None
 ) -> Path:
-    """Draws attention heatmaps in a grid and writes them to a picture (PNG, SVG, PDF, ...).
+    """Draws attention heatmaps in a grid to a picture (PNG, SVG, PDF, ...); returns its path.
 
-    The grid is roughly square with at most four columns; each panel is sized from its token
-    counts and label lengths so that every token stays readable, up to `MAX_FIGURE_INCHES` a
-    side: beyond, the figure is drawn smaller, and a panel whose cells become too small for
-    their names names every k-th token. All panels share one colour scale from 0 to 1.
+    The grid is roughly square, at most four columns wide. Panels are sized to keep every
+    token readable, up to `MAX_FIGURE_INCHES` a side; beyond that the figure is scaled down,
+    and a panel whose cells get too small names every k-th token. All panels share one
+    colour scale from 0 to 1.
 
     Args:
-        panels: the heatmaps to draw, in reading order.
-        out_path: where to write the picture, its format from its suffix (see `save_figure`);
-            missing parent directories are created.
-        title: an optional caption above the whole grid.
-
-    Returns:
-        The path written.
+        panels: the heatmaps, in reading order.
+        out_path: the picture, its format from its suffix (see `save_figure`); missing
+            parent directories are created.
+        title: an optional caption above the grid.
 
     Raises:
         QkvError: if `panels` is empty.
@@ -193,8 +183,7 @@ def plot_attention(
         for ax, panel in zip(axes, panels, strict=False):
             image = ax.imshow(panel.as_array(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
             keys, queries = panel.key_tokens, panel.query_tokens
-            # Every k-th token named when the cells shrink, panel by panel: a short source
-            # beside a long output keeps all its names.
+            # k chosen per panel, so that a short source beside a long output keeps its names.
             every = _every(keys, queries, panel_width * scale)
             ax.set_xticks(range(0, len(keys), every), keys[::every], rotation=90)
             every = _every(queries, keys, panel_height * scale)
@@ -210,15 +199,15 @@ def plot_attention(
 
 
 def _every(along: Sequence[str], across: Sequence[str], inches: float) -> int:
-    """k such that naming every k-th token `along` an axis of a panel `inches` long leaves each
-    name the room of a cell (the labels `across` take their room first)."""
+    """k such that naming every k-th token `along` an axis `inches` long gives each name a
+    cell's room, after the labels `across` take theirs."""
     needed = len(along) * _CELL_INCHES
     return max(1, math.ceil(needed / max(inches - _label_room(across), _CELL_INCHES) - 1e-9))
 
 
 def _panel_size(along: Sequence[str], across: Sequence[str]) -> float:
-    """Inches a panel needs in one direction: a cell per token plus room for the longest label
-    of the other axis, whose labels are written across this direction."""
+    """Inches a panel needs in one direction: a cell per token `along` it, plus room for the
+    longest label `across` it (the other axis's)."""
     return max(_MIN_PANEL_INCHES, len(along) * _CELL_INCHES + _label_room(across))
 
 
@@ -236,7 +225,7 @@ def _available_fonts() -> list[str]:
 
 @contextmanager
 def _multilingual_text() -> Iterator[None]:
-    """Draws text with fallback fonts, silencing warnings about glyphs no font has."""
+    """Text drawn with fallback fonts, without warnings about glyphs no font has."""
     with (
         matplotlib.rc_context({"font.family": _available_fonts()}),
         warnings.catch_warnings(),
@@ -246,17 +235,13 @@ def _multilingual_text() -> Iterator[None]:
 
 
 def save_figure(figure: Figure, out_path: str | Path) -> Path:
-    """Writes a figure atomically: readers see the old file or the new, never half.
-
-    The format follows the suffix (.png, .svg, .pdf, .jpg, ... as matplotlib knows them); a
-    name without one gets a PNG.
+    """Writes a figure atomically, so that readers see the old file or the new, never half;
+    returns its path.
 
     Args:
         figure: a figure attached to an Agg canvas.
-        out_path: the destination; missing parent directories are created.
-
-    Returns:
-        The destination path.
+        out_path: the destination, its format from its suffix (any matplotlib writes: .png,
+            .svg, .pdf, ...; PNG without one); missing parent directories are created.
 
     Raises:
         ConfigError: if the suffix names a format matplotlib cannot write.
@@ -275,8 +260,8 @@ def save_figure(figure: Figure, out_path: str | Path) -> Path:
     blocking = file_in_the_way(out_path.parent)
     if blocking is not None:
         raise DataError(out_path, f"cannot write: {blocking} is a file, not a directory")
-    # A unique sibling in the same directory, so that os.replace is a rename on one file system;
-    # opened with open() rather than mkstemp so that the file gets the usual umask permissions.
+    # A unique sibling, so os.replace renames within one file system; open() rather than
+    # mkstemp, so the file gets the usual umask permissions.
     temp_path = out_path.with_name(f".{out_path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         out_path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,7 @@
 """Training curves from a run's `metrics.jsonl`: loss, learning rate and validation metrics.
 
-The log holds one JSON object per line, such as
-`{"split": "train", "step": 100, "epoch": 1, "loss": 3.2, "lr": 0.0005, "tokens_per_s": 2100.0}`
-and `{"split": "valid", "step": 100, "epoch": 1, "loss": 2.9, "bleu": 30.1}`.
+The log holds one JSON object per line, e.g. `{"split": "train", "step": 100, "epoch": 1,
+"loss": 3.2, "lr": 0.0005}` or `{"split": "valid", "step": 100, "loss": 2.9, "bleu": 30.1}`.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from matplotlib.figure import Figure
 from qkv.errors import DataError
 from qkv.viz.attention import DPI, save_figure
 
-# Fields that are bookkeeping, not metrics worth a panel of their own.
+# Bookkeeping fields, not metrics worth a panel.
 _NOT_METRICS = {
     "split",
     "step",
@@ -35,16 +34,13 @@ _DISPLAY_NAMES = {"loss": "Loss", "bleu": "BLEU", "chrf": "chrF", "accuracy": "A
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """Reads a metrics log written one JSON object per line.
+    """Reads a metrics log of one JSON object per line into its records, in file order.
 
-    A last line cut short (a run killed mid-write) is skipped without complaint; a malformed
-    line anywhere else is an error. Blank lines are ignored.
+    A torn last line (a run killed mid-write) is skipped; a malformed line elsewhere is an
+    error. Blank lines are ignored.
 
     Args:
         path: the `metrics.jsonl` file.
-
-    Returns:
-        The records, in file order.
 
     Raises:
         DataError: if the file cannot be read, or a line other than the last is not a JSON
@@ -79,20 +75,16 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
 
 def plot_curves(metrics_path: str | Path, out_path: str | Path) -> Path:
-    """Plots a run's training curves to a picture (PNG, SVG, PDF, ...).
+    """Plots a run's training curves to a picture (PNG, SVG, PDF, ...); returns its path.
 
-    Panels: train and valid loss against step; learning rate against step; then one panel per
-    metric found in valid records (BLEU, chrF, accuracy, ...), with the train values of the same
-    metric on the same axes when train records carry it. The score of the checkpoint average
-    made at the end is a star of its own, not a point of the valid line.
+    Panels, against step: train and valid loss; the learning rate; one per metric of the
+    valid records (BLEU, chrF, accuracy, ...), with its train values where they exist. The
+    final checkpoint average's score is a separate star, not a point of the valid line.
 
     Args:
         metrics_path: the run's `metrics.jsonl`.
-        out_path: where to write the picture, its format from its suffix (see
-            `viz.attention.save_figure`); missing parent directories are created.
-
-    Returns:
-        The path written.
+        out_path: the picture, its format from its suffix (see `viz.attention.save_figure`);
+            missing parent directories are created.
 
     Raises:
         DataError: if the log cannot be read, is malformed, or has no train or valid records
@@ -138,7 +130,7 @@ def _is_number(value: object) -> bool:
 
 
 def _series(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
-    """Returns (steps, values) of the records that carry both a numeric step and `key`."""
+    """(steps, values) of the records with both a numeric step and a numeric `key`."""
     points = [
         (float(r["step"]), float(r[key]))
         for r in records
@@ -148,7 +140,7 @@ def _series(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[
 
 
 def _valid_metrics(valid: list[dict[str, Any]]) -> list[str]:
-    """Names of the numeric metrics in valid records other than loss, in first-seen order."""
+    """Names of the numeric metrics of valid records, loss excluded, in first-seen order."""
     names: dict[str, None] = {}
     for record in valid:
         for key, value in record.items():
@@ -175,7 +167,7 @@ def _decorate(ax: Axes, title: str, y_label: str) -> None:
 
 
 def write_curves(run_dir: Path) -> Path | None:
-    """Draw RUN/curves.png from RUN/metrics.jsonl after training; None if there is no log."""
+    """Draws RUN/curves.png from RUN/metrics.jsonl and returns its path; None without a log."""
     metrics = Path(run_dir) / "metrics.jsonl"
     if not metrics.is_file():
         return None
