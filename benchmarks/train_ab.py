@@ -39,9 +39,7 @@ AdamW, `tune_allocator`). The "off" way undoes one change (`--change`):
 - `overwrite`: the loss's backward writes the logits' gradient into a new block instead of
   over the logits (`qkv.training.fused_loss`, `overwrite`);
 - `softmax`: attention's softmax and its gradient over rows shorter than a vector by torch's
-  kernels instead of compiled loops (`qkv.model.short_softmax`);
-- `direct`: compiled loops called through `torch.compile`'s wrapper instead of straight to
-  dynamo's compiled code once its guards pass (`qkv.compiled.DIRECT`).
+  kernels instead of compiled loops (`qkv.model.short_softmax`).
 
 Prints the target tokens per second of each way, their ratio, the median ratio of paired
 steps, and each way's last loss (equal up to float rounding).
@@ -64,7 +62,6 @@ from phases import build, n_targets, train_batches
 from qkv_side import bucketed_batches
 from workload import SHAPES
 
-import qkv.compiled as qkv_compiled
 import qkv.model.attention as qkv_attention
 import qkv.model.dropout as qkv_dropout
 import qkv.model.fused_ffn as qkv_fused_ffn
@@ -91,7 +88,6 @@ CHANGES = {
     "wide": "the output layer's input gradient by a transposed copy of the weight (off: a view)",
     "rounding": "row counts rounded to 16 steps per doubling (off: 8)",
     "overwrite": "the logits' gradient written over the logits (off: into a new block)",
-    "direct": "compiled loops called straight once their guards pass (off: torch.compile's way)",
     "softmax": "short rows' softmax in compiled loops (off: torch's kernels)",
 }
 
@@ -158,7 +154,6 @@ _OFF: dict[str, Callable[[], Any]] = {
     "wide": lambda: _swapped(qkv_linear, _as_input_grad_weight=torch.Tensor.t),
     "rounding": lambda: _swapped(qkv_linear, STEPS_PER_DOUBLING=8),
     "overwrite": lambda: _swapped(qkv_fused_loss, _in_place_kernel=lambda: None),
-    "direct": lambda: _swapped(qkv_compiled, DIRECT=False),
     "softmax": lambda: _swapped(qkv_short_softmax, SHORT_ROW=0),
 }
 
