@@ -7,24 +7,26 @@ process, for inputs of any size (dynamic shapes), and first run on an example. W
 torch.compile cannot work here (no C++ compiler, for one), `compiled` warns once and the caller
 keeps its eager way, as it does while `allow(False)` (the training config's `compile=false`).
 
-A call goes straight to dynamo's compiled code once its guards pass (`_Versions`): the way in
-through `torch.compile`'s wrapper and frame hook costs some 0.1 ms a call within a training
-step (about 100 calls), where the guards and the code themselves take a few microseconds.
+Each call goes through the wrapper `torch.compile` returns, so dynamo's own guards pick the
+compiled version that fits the inputs (or compile one), and the compiled code is dynamo's alone.
+
+A CUDA build of torch (PyPI's on Linux) on a machine with a CUDA toolkit but no GPU logs "No CUDA
+runtime is found" when inductor first builds C++: its builder imports `torch.utils.cpp_extension`,
+which looks for the toolkit once, at import. The loops here are the CPU's, so that one note is
+dropped while an example compiles (`_no_cuda_note`); whatever else torch logs is left alone.
 """
 
 from __future__ import annotations
 
-import types
+import logging
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 _allowed = [True]
-
-DIRECT = True
-"""Whether calls go straight to the compiled code whose guards pass (`_Versions`)."""
 
 
 def allow(flag: bool) -> None:
@@ -56,21 +58,15 @@ def compiled(fn: Callable[..., Any], *example: Any) -> Callable[..., Any] | None
     compiling it leaves that generator as it was.
     """
     kernel = torch.compile(fn, dynamic=True)
-    versions = _Versions(fn)
 
     def run(*args: Any) -> Any:
         with torch.no_grad():
             args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
-            direct = versions.find(args) if DIRECT else None
-            if direct is not None:
-                return direct(*args)
-            out = kernel(*args)
-            if DIRECT:
-                versions.read()  # this call may have compiled a new version
-            return out
+            return kernel(*args)
 
     try:
-        with torch.random.fork_rng(devices=[]):  # compiling draws nothing from the run's RNG
+        # compiling draws nothing from the run's RNG
+        with torch.random.fork_rng(devices=[]), _no_cuda_note():
             run(*example)
     except Exception as error:  # inductor could not build or run its kernel here
         text = str(error).strip()
@@ -83,40 +79,20 @@ def compiled(fn: Callable[..., Any], *example: Any) -> Callable[..., Any] | None
     return run
 
 
-class _Versions:
-    """The versions dynamo compiled of a function, each as its guards' check and its compiled
-    code made into a function of the same arguments, tried in dynamo's order.
+class _NoCudaNote(logging.Filter):
+    """Drops `torch.utils.cpp_extension`'s "No CUDA runtime is found" (see the module's note)."""
 
-    The code is what dynamo itself runs once the guards pass; the checks are dynamo's own,
-    grad mode and each tensor's dtype, device, sizes' range and aliasing included. Where these
-    internals cannot be read (another torch), there are no versions and every call goes
-    through `torch.compile`.
-    """
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("No CUDA runtime is found")
 
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        self.fn = fn
-        code = fn.__code__
-        self.names = code.co_varnames[: code.co_argcount]
-        self.versions: list[tuple[Callable[[dict[str, Any]], bool], Callable[..., Any]]] = []
 
-    def read(self) -> None:
-        try:
-            from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-
-            entries = _debug_get_cache_entry_list(self.fn.__code__)
-            self.versions = [
-                (entry.guard_manager.check, types.FunctionType(entry.code, self.fn.__globals__))
-                for entry in entries
-            ]
-        except Exception:  # any failure here means: every call goes through torch.compile
-            self.versions = []
-
-    def find(self, args: tuple[Any, ...]) -> Callable[..., Any] | None:
-        """The compiled code whose guards `args` pass, or None."""
-        if not self.versions or len(args) != len(self.names):
-            return None
-        local = dict(zip(self.names, args, strict=True))
-        for check, code in self.versions:
-            if check(local):
-                return code
-        return None
+@contextmanager
+def _no_cuda_note() -> Iterator[None]:
+    """Within: torch's note that a CUDA build finds a toolkit but no GPU is not logged."""
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    note = _NoCudaNote()
+    logger.addFilter(note)
+    try:
+        yield
+    finally:
+        logger.removeFilter(note)
