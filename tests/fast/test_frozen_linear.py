@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 import qkv.fast
-from qkv.fast.frozen_linear import FrozenLinear, frozen_copy
+from qkv.fast.frozen_linear import FrozenLinear, cpu_bf16_matmuls, frozen_copy
 from qkv.fast.linear import Linear
 from qkv.model.seq2seq import Seq2SeqTransformer
 from tests.model.helpers import random_ids, tiny_config
@@ -58,7 +58,7 @@ def test_frozen_linear_in_bf16_where_native(monkeypatch: pytest.MonkeyPatch) -> 
     x = torch.randn(64, 32, dtype=torch.bfloat16)
     with torch.inference_mode():
         frozen = FrozenLinear(layer, 64)
-        native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        native = cpu_bf16_matmuls()
         assert frozen.blocked is None  # reordered at the first call
         torch.testing.assert_close(frozen(x).float(), layer(x).float(), rtol=1e-2, atol=1e-2)
         assert (frozen.blocked is not None) == (native and torch.backends.mkldnn.is_available())

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from qkv.data.special import BOS_ID, EOS_ID, PAD_ID
+from qkv.fast.frozen_linear import cpu_bf16_matmuls
 from qkv.inference.beam import beam_search
 from qkv.inference.incremental import DecodingWeights, ModelDecoder
-from qkv.inference.output_layer import native_bf16_products
 from qkv.inference.search import greedy_search, sample
 from qkv.model.seq2seq import Seq2SeqTransformer
 from tests.inference.helpers import ReferenceDecoder, fast_copy, shared_prefixes, tokens_of
@@ -122,7 +122,7 @@ def test_greedy_search_screens_the_argmax_and_finds_what_the_reference_finds() -
     decoder = ModelDecoder(model, src, 16)
     found = greedy_search(decoder, 32, budgets)
     assert found == greedy_search(ReferenceDecoder(model, src, 16), 32, budgets)
-    assert (decoder.output.rounded is not None) == native_bf16_products()  # it did screen
+    assert (decoder.output.rounded is not None) == cpu_bf16_matmuls()  # it did screen
 
 
 def greedy(model: Seq2SeqTransformer, src: torch.Tensor, weights: DecodingWeights | None) -> list:

@@ -6,8 +6,9 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+from qkv.fast.frozen_linear import cpu_bf16_matmuls
 from qkv.inference import output_layer
-from qkv.inference.output_layer import MIN_ROWS, MIN_VOCAB, OutputLayer, native_bf16_products
+from qkv.inference.output_layer import MIN_ROWS, MIN_VOCAB, OutputLayer
 
 
 def layer(vocab_size: int, d: int = 64, bias: bool = False, seed: int = 0) -> nn.Linear:
@@ -181,13 +182,13 @@ def test_the_screen_is_off_and_the_cpu_unprobed_for_weights_elsewhere(
     def probe() -> bool:
         raise AssertionError("the CPU's bf16 matmuls were probed for weights on another device")
 
-    monkeypatch.setattr(output_layer, "native_bf16_products", probe)
+    monkeypatch.setattr(output_layer, "cpu_bf16_matmuls", probe)
     assert not OutputLayer(layer(MIN_VOCAB).to("meta"), 8).screens  # as on a GPU
 
 
 def test_where_the_screen_applies() -> None:
     big, small = layer(MIN_VOCAB), layer(MIN_VOCAB - 1)
-    assert OutputLayer(big, 8).screens == native_bf16_products()
+    assert OutputLayer(big, 8).screens == cpu_bf16_matmuls()
     assert not OutputLayer(small, 8).screens
     assert not OutputLayer(big, 8, screen=False).screens
     assert not OutputLayer(big.to(torch.bfloat16), 8, screen=True).screens  # already bf16

@@ -10,7 +10,10 @@ the layer is `linear`. Results match `nn.Linear` up to float rounding (tested).
 from __future__ import annotations
 
 import copy
+import functools
+import re
 from collections.abc import Collection
+from pathlib import Path
 from typing import TypeVar
 
 import torch
@@ -142,10 +145,24 @@ def _applies(t: Tensor) -> bool:
 
 
 def cpu_bf16_matmuls() -> bool:
-    """Whether this CPU multiplies bf16 matrices natively through oneDNN (AVX512-BF16, AMX)."""
-    if not torch.backends.mkldnn.is_available():
+    """Whether this CPU multiplies bf16 matrices natively through oneDNN (AVX512-BF16, AMX).
+
+    oneDNN also takes bf16 products on CPUs that only emulate them (AVX-512 without BF16),
+    slower than float32: the CPU's own flags (`/proc/cpuinfo`) must show the instructions too.
+    """
+    if not (torch.backends.mkldnn.is_available() and _bf16_instructions()):
         return False
-    try:  # a private operator: a torch without it has no native bf16 matmuls to offer here
+    try:  # a private operator: a torch without it has no bf16 products to offer here
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
         return False
+
+
+@functools.cache
+def _bf16_instructions() -> bool:
+    """Whether /proc/cpuinfo lists AVX512-BF16 or AMX-BF16 (False where it cannot be read)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return re.search(r"\b(avx512_bf16|amx_bf16)\b", flags) is not None

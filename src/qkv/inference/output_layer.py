@@ -23,12 +23,9 @@ the float32 logits. The bound has a term for the bf16 matmul reading subnormals 
 from __future__ import annotations
 
 import copy
-import functools
-import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -94,7 +91,7 @@ class OutputLayer:
         self.min_rows = 1 if screen else MIN_ROWS
         on_cpu = weight.device.type == "cpu"
         if screen is None:
-            screen = on_cpu and self.vocab_size >= MIN_VOCAB and native_bf16_products()
+            screen = on_cpu and self.vocab_size >= MIN_VOCAB and cpu_bf16_matmuls()
         self.screens = bool(screen) and on_cpu and _is_float32(weight)
         self.rows = rows
         # Made at the first `argmax`, by one thread at a time; shared by the copies.
@@ -228,18 +225,3 @@ def _norms(rows: Tensor) -> Tensor:
 
 def _is_float32(t: Tensor) -> bool:
     return t.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
-
-
-@functools.cache
-def native_bf16_products() -> bool:
-    """Whether this CPU multiplies bf16 in hardware (AVX512-BF16 or AMX-BF16 in
-    /proc/cpuinfo's flags), where the screen pays. oneDNN also takes bf16 products on CPUs
-    that only emulate them (`cpu_bf16_matmuls`), where the screen costs more than the float32
-    logits it saves."""
-    if not cpu_bf16_matmuls():
-        return False
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return re.search(r"\b(avx512_bf16|amx_bf16)\b", flags) is not None
