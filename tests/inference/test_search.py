@@ -20,7 +20,7 @@ from qkv.inference.beam import (
     length_penalty,
     topk_by_blocks,
 )
-from qkv.inference.search import _argmax, filter_logits, greedy_search, rows_to_keep, sample
+from qkv.inference.search import filter_logits, first_argmax, greedy_search, rows_to_keep, sample
 
 PAD, BOS, EOS, TOK_A, TOK_B = range(5)  # toy vocabulary; BOS and EOS match qkv.data.special
 VOCAB_SIZE = 5
@@ -409,8 +409,8 @@ def test_beams_are_arranged_so_each_parent_keeps_its_slot(seed: int) -> None:
 @pytest.mark.parametrize("shape", [(64, 8000), (7, 64 * 20 + 5), (3, 17), (5, 1), (0, 2000)])
 def test_argmax_equals_torch_argmax(shape: tuple[int, int]) -> None:
     logits = torch.randn(shape, generator=torch.Generator().manual_seed(0))
-    assert torch.equal(_argmax(logits), logits.argmax(dim=-1))
-    assert torch.equal(_argmax(logits.t().contiguous().t()), logits.argmax(dim=-1))  # a view
+    assert torch.equal(first_argmax(logits), logits.argmax(dim=-1))
+    assert torch.equal(first_argmax(logits.t().contiguous().t()), logits.argmax(dim=-1))  # a view
 
 
 def test_argmax_takes_the_first_maximum_and_treats_inf_and_nan_as_argmax_does() -> None:
@@ -422,7 +422,7 @@ def test_argmax_takes_the_first_maximum_and_treats_inf_and_nan_as_argmax_does() 
     logits[3, 900] = math.nan
     logits[4, vocab - 2] = 9.0  # the tail alone holds the maximum
     assert (
-        _argmax(logits).tolist()
+        first_argmax(logits).tolist()
         == logits.argmax(dim=-1).tolist()
         == [70, 0, 100, 900, vocab - 2, 0]
     )

@@ -80,7 +80,7 @@ class PackedDecoder(Decoder):
 
 def embed(embeddings: Embeddings, ids: Tensor, rows: Packing) -> Tensor:
     """The embedded real tokens only: ids (B, L) -> (M, D), placed by `rows`."""
-    embeddings._check_length(ids.size(1))
+    embeddings.check_length(ids.size(1))
     tokens = embeddings.token(rows.pack(ids))  # (M, D)
     positions = embeddings.positions(ids.size(1))[rows.positions]  # (M, D)
     return embeddings.dropout(tokens + positions)  # (M, D)

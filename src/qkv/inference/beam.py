@@ -28,7 +28,7 @@ from torch import Tensor
 
 from qkv.data.special import BOS_ID, EOS_ID
 from qkv.errors import ConfigError
-from qkv.inference.search import IncrementalDecoder, _check_lengths, rows_to_keep
+from qkv.inference.search import IncrementalDecoder, check_lengths, rows_to_keep
 
 
 @dataclass
@@ -102,7 +102,7 @@ def beam_search(
         ConfigError: if beam_size < 1.
     """
     check_beam_size(beam_size)
-    _check_lengths(batch_size, max_lengths)
+    check_lengths(batch_size, max_lengths)
     finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
     state = _initial_state(batch_size, max_lengths)
     for sentence in (max_lengths <= 0).nonzero().squeeze(1).tolist():

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from qkv.fast.frozen_linear import FrozenLinear, as_linear, cpu_bf16_matmuls
-from qkv.inference.search import _argmax
+from qkv.inference.search import first_argmax
 
 BLOCK = 64
 """Screened logits are searched in blocks of this many tokens: block maxima first, then only
@@ -147,10 +147,10 @@ class OutputLayer:
             not (self.screens and x.device.type == "cpu" and _is_float32(x))
             or len(x) < self.min_rows
         ):
-            return _argmax(self.logits(x).float())  # (N,)
+            return first_argmax(self.logits(x).float())  # (N,)
         found = self._screened(x)  # (N,)
         if bool((found == self.vocab_size).any()):  # no candidate (NaN, inf), or too many
-            return _argmax(self.logits(x).float())  # (N,)
+            return first_argmax(self.logits(x).float())  # (N,)
         return found
 
     def logits(self, x: Tensor) -> Tensor:

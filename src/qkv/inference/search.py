@@ -83,7 +83,7 @@ def greedy_search(
     step_argmax: Callable[[Tensor], Tensor] = (
         decoder.step_argmax
         if isinstance(decoder, ArgmaxDecoder)
-        else lambda tokens: _argmax(decoder.step(tokens))
+        else lambda tokens: first_argmax(decoder.step(tokens))
     )  # tokens (N,) -> next tokens (N,)
     return _decode_paths(
         decoder, batch_size, max_lengths, lambda tokens, _: step_argmax(tokens), bos_id, eos_id
@@ -134,7 +134,7 @@ def sample(
         ValueError: if `seeds` does not hold B seeds.
     """
     check_sampling(temperature, top_k, top_p)
-    _check_lengths(batch_size, max_lengths)
+    check_lengths(batch_size, max_lengths)
     if seeds is None:
         seeds = torch.randint(2**62, (batch_size,), generator=_on_cpu(generator)).tolist()
     elif len(seeds) != batch_size:
@@ -239,7 +239,7 @@ def _check_filters(top_k: int, top_p: float) -> None:
         raise ConfigError(f"top_p must be in (0, 1], got {top_p}")
 
 
-def _check_lengths(batch_size: int, max_lengths: Tensor) -> None:
+def check_lengths(batch_size: int, max_lengths: Tensor) -> None:
     if not isinstance(max_lengths, Tensor) or max_lengths.dtype != torch.long:
         kind = max_lengths.dtype if isinstance(max_lengths, Tensor) else type(max_lengths).__name__
         raise ValueError(f"max_lengths must be a tensor of long token counts, got {kind}")
@@ -248,7 +248,7 @@ def _check_lengths(batch_size: int, max_lengths: Tensor) -> None:
         raise ValueError(f"max_lengths must have shape ({batch_size},), got {shape}")
 
 
-def _argmax(logits: Tensor, chunk: int = 64) -> Tensor:
+def first_argmax(logits: Tensor, chunk: int = 64) -> Tensor:
     """`logits.argmax(dim=-1)` (N,) long, the first index of each row's maximum; faster on a CPU.
 
     CPU `argmax` carries an index beside every value and is much slower than `amax`, so `amax`
@@ -285,7 +285,7 @@ def _decode_paths(
     `next_tokens` maps the last tokens (N,) and each row's sentence (N,) to the next tokens
     (N,) by stepping `decoder`; the other arguments and the result are as in `greedy_search`.
     """
-    _check_lengths(batch_size, max_lengths)
+    check_lengths(batch_size, max_lengths)
     device = max_lengths.device
     longest = max(int(max_lengths.max()), 0) if batch_size > 0 else 0
     # Each sentence's tokens, then EOS to the end: its length is where its first EOS lies.

@@ -100,10 +100,10 @@ class Embeddings(nn.Module):
     def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
         """ids (B, L), first position `offset` -> (B, L, D)."""
         length = ids.size(1)
-        self._check_length(offset + length)
+        self.check_length(offset + length)
         return self.dropout(self.token(ids) + self.positions(length, offset))
 
-    def _check_length(self, length: int) -> None:
+    def check_length(self, length: int) -> None:
         if length > self.max_len:
             raise ValueError(
                 f"sequence of {length} positions exceeds the model's max_len ({self.max_len})"
