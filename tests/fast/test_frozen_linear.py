@@ -186,3 +186,17 @@ def test_frozen_linear_without_the_reorder_operator_is_the_layer(
         torch.testing.assert_close(frozen(x), layer(x))
         torch.testing.assert_close(frozen(x, relu=True), torch.relu(layer(x)))
     assert frozen.blocked is None and not frozen.reorders
+
+
+def test_frozen_linear_without_onednns_linear_operator_is_the_layer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fallback where this torch lacks oneDNN's private linear operator."""
+    monkeypatch.setattr(qkv.fast.frozen_linear, "onednn_available", lambda: False)
+    torch.manual_seed(0)
+    layer = nn.Linear(16, 12)
+    frozen = FrozenLinear(layer, rows=8)
+    x = torch.randn(8, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(frozen(x), layer(x))
+    assert frozen.blocked is None and not frozen.reorders

@@ -179,6 +179,20 @@ def test_weights_that_are_inference_tensors_are_made_every_time() -> None:
         assert greedy(model, src, weights) == greedy(model, src, None) != before
 
 
+def test_without_version_counters_the_weights_are_made_every_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fallback where torch's private `_version` cannot be read."""
+    from qkv.inference import incremental
+
+    model = Seq2SeqTransformer(tiny_config(vocab_size=60)).eval()
+    weights = DecodingWeights(model)
+    assert weights.frozen(5)[0] is weights.frozen(5)[0]  # version counters: kept
+    monkeypatch.setattr(incremental, "getattr", lambda *args: None, raising=False)
+    made = weights.frozen(5)[0]
+    assert weights.frozen(5)[0] is not made  # nothing tells an unchanged weight: made again
+
+
 @pytest.mark.parametrize("change", ["in place", "encoder in place", "replaced", "loaded"])
 def test_decoding_weights_are_made_again_after_the_weights_change(change: str) -> None:
     torch.manual_seed(0)

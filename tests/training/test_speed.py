@@ -58,3 +58,11 @@ def test_set_up_process_applies_a_runs_threads_compiling_and_determinism() -> No
 def test_the_allocator_is_tuned_where_glibc_is() -> None:
     # Every setting (kept blocks, one arena) applied with glibc; elsewhere False, no error.
     assert tune_allocator() is (platform.libc_ver()[0] == "glibc")
+
+
+def test_without_a_c_library_the_allocator_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fallback where glibc's `mallopt` cannot be reached through ctypes."""
+    from qkv.training import speed
+
+    monkeypatch.setattr(speed.ctypes.util, "find_library", lambda name: None)
+    assert tune_allocator() is False

@@ -19,7 +19,7 @@ from typing import TypeVar
 import torch
 from torch import Tensor, nn
 
-from qkv.fast.linear import linear
+from qkv.fast.linear import linear, onednn_available
 
 _Module = TypeVar("_Module", bound=nn.Module)
 
@@ -38,7 +38,8 @@ class FrozenLinear(nn.Module):
     def __init__(self, linear: nn.Linear, rows: int) -> None:
         super().__init__()
         self.linear, self.rows = linear, rows
-        self.reorders = _applies(linear.weight)  # False: the layer as it is, always
+        # False: the layer as it is, always (also where oneDNN's linear operator is missing)
+        self.reorders = _applies(linear.weight) and onednn_available()
         self.blocked: Tensor | None = None  # made at the first call that uses it
         self.bias = None if linear.bias is None else linear.bias.detach()
         self.plain = True  # False once `reordered_only` has let go of the (out, in) weight

@@ -43,10 +43,10 @@ class DecodingWeights:
 
     def _stamp(self) -> Hashable:
         """What changes when a weight does. Inference tensors (made under
-        `torch.inference_mode`) keep no version counter: the weights are made every time."""
+        `torch.inference_mode`) keep no version counter, and a torch without `_version` (a
+        private attribute) offers none: the weights are then made every time."""
         return tuple(
-            (id(p), p.data_ptr(), object() if p.is_inference() else p._version, p.dtype, p.device)
-            for p in self.model.parameters()
+            (id(p), p.data_ptr(), _version(p), p.dtype, p.device) for p in self.model.parameters()
         )
 
 
@@ -100,3 +100,9 @@ class ModelDecoder:
         """Keep and reorder rows: new row i = old row rows[i]; `held` as in
         `IncrementalDecoder.select`."""
         self.cache.select(rows, held)
+
+
+def _version(tensor: Tensor) -> Hashable:
+    """The tensor's in-place version counter, or a new object (never equal) where none is read."""
+    version = None if tensor.is_inference() else getattr(tensor, "_version", None)
+    return object() if version is None else version
