@@ -1,0 +1,1 @@
+"""Exports of trained runs to deployment engines (`pip install 'qkv[deploy]'`)."""

@@ -1,0 +1,135 @@
+"""Decoding with an exported CTranslate2 model, under qkv's decoding options.
+
+The rules are qkv's: a sentence's budget is max_len_a * |source| + max_len_b generated tokens,
+EOS included; beam search ranks by the GNMT length penalty ((5 + length) / 6) ** alpha, which
+is CTranslate2's own when scores are not normalised. CTranslate2 takes one budget per call, so
+each batch decodes to its longest budget, greedy and sampled outputs are cut to their own
+(a greedy prefix is what a shorter budget yields), and a beam that reached a shorter budget is
+decoded again alone under it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from qkv.data.batching import token_budget_batches
+from qkv.data.special import EOS
+from qkv.errors import ConfigError
+from qkv.export.ctranslate2 import NOTE_FILE, export_run, import_ctranslate2, weights_digest
+from qkv.inference.beam import length_penalty
+from qkv.inference.translate import DecodeOptions
+from qkv.inference.workers import auto_workers
+
+ENGINES = ("torch", "ctranslate2")
+
+
+def cached_export(run_dir: Path, quantize: str | None) -> Path:
+    """The run's CTranslate2 export (`RUN/ctranslate2/<quantization>`), made on first use and
+    again whenever the run's weights have changed since."""
+    out = run_dir / "ctranslate2" / (quantize or "float32")
+    note = out / NOTE_FILE
+    if note.is_file():
+        try:
+            if json.loads(note.read_text())["weights_sha256"] == weights_digest(run_dir):
+                return out
+        except (ValueError, KeyError, TypeError):
+            pass  # a damaged note: export again
+    return export_run(run_dir, out, quantize)
+
+
+class CTranslate2Engine:
+    """A `ctranslate2.Translator` on an exported model, fed qkv token ids. On a CPU it holds
+    one replica a worker thread (as qkv's own workers), each on its share of the threads."""
+
+    def __init__(self, model_dir: Path, vocabulary: list[str], device: torch.device) -> None:
+        ct2 = import_ctranslate2()
+        self.vocabulary = vocabulary
+        self.index = {token: i for i, token in enumerate(vocabulary)}
+        self.max_len = int(json.loads((model_dir / NOTE_FILE).read_text())["max_len"])
+        replicas = auto_workers(0, device)
+        self.translator = ct2.Translator(
+            str(model_dir),
+            device=device.type,
+            inter_threads=replicas,
+            intra_threads=max(1, torch.get_num_threads() // replicas),
+        )
+
+    def translate_ids(self, sources: list[list[int]], options: DecodeOptions) -> list[list[int]]:
+        """Token-id sources (no BOS/EOS) -> target ids (no BOS/EOS), in input order."""
+        if options.bf16:
+            raise ConfigError("bf16 is a torch-engine option; export with --quantize bfloat16")
+        limit = self.max_len - 1
+        budgets = [
+            max(0, min(int(len(s) * min(options.max_len_a, limit) + options.max_len_b), limit))
+            for s in sources
+        ]
+        todo = [i for i, s in enumerate(sources) if s and budgets[i] > 0]
+        lengths = [len(sources[i]) for i in todo]
+        per_batch = max(options.max_tokens // options.beam_size, 1)
+        pending = []
+        for batch in token_budget_batches(lengths, per_batch, shuffle=False, seed=0, epoch=0):
+            rows = [todo[i] for i in batch]
+            longest = max(budgets[r] for r in rows)
+            submitted = self._submit([sources[r] for r in rows], longest, options)
+            pending.append((rows, longest, submitted))
+        beam = options.beam_size > 1 and not options.sampling
+        out: list[list[int]] = [[] for _ in sources]
+        for rows, longest, results in pending:
+            for r, submitted in zip(rows, results, strict=True):
+                result = submitted.result()
+                if beam and budgets[r] < longest and _reached(result, budgets[r]):
+                    (alone,) = self._submit([sources[r]], budgets[r], options)
+                    result = alone.result()
+                out[r] = self._best(result, options)[: budgets[r]]
+        return out
+
+    def _submit(self, sources: list[list[int]], budget: int, options: DecodeOptions) -> Any:
+        tokens = [[self.vocabulary[i] for i in s] for s in sources]
+        common: dict[str, Any] = {"max_decoding_length": budget, "asynchronous": True}
+        if options.sampling:
+            return self.translator.translate_batch(
+                tokens,
+                beam_size=1,
+                sampling_topk=options.top_k,
+                sampling_topp=options.top_p,
+                sampling_temperature=options.temperature,
+                random_seed=options.seed,
+                **common,
+            )
+        return self.translator.translate_batch(
+            tokens,
+            beam_size=options.beam_size,
+            length_penalty=_ct2_penalty(options.alpha),
+            num_hypotheses=options.beam_size,
+            return_scores=True,
+            return_end_token=True,
+            **common,
+        )
+
+    def _best(self, result: Any, options: DecodeOptions) -> list[int]:
+        """The best hypothesis by qkv's GNMT penalty. CTranslate2 finishes the same
+        hypotheses (it searches by raw log-probability and stops at W finished, as qkv does)
+        but divides their scores by length ** alpha; the log-probability is recovered first."""
+        best = result.hypotheses[0]
+        if options.beam_size > 1 and not options.sampling:
+            ranked = []
+            for tokens, score in zip(result.hypotheses, result.scores, strict=True):
+                log_prob = score * len(tokens) ** _ct2_penalty(options.alpha)
+                ranked.append((log_prob / length_penalty(len(tokens), options.alpha), tokens))
+            best = max(ranked, key=lambda pair: pair[0])[1]
+        return [self.index[t] for t in best if t != EOS]
+
+
+def _reached(result: Any, budget: int) -> bool:
+    """Whether a beam search ran to `budget` steps (its hypotheses count EOS)."""
+    return max(len(tokens) for tokens in result.hypotheses) >= budget
+
+
+def _ct2_penalty(alpha: float) -> float:
+    """CTranslate2 ends a beam search with no length penalty at its first finished best beam;
+    a negligible penalty keeps qkv's rule of W finished hypotheses (the ranking is redone)."""
+    return alpha if alpha > 0 else 1e-6
