@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from qkv.cli import main
 from qkv.errors import ConfigError
-from qkv.inference.translate import DecodeOptions, translate_ids
+from qkv.inference.translate import DecodeOptions, translate_hypotheses, translate_ids
 from qkv.inference.translator import Translator
 from qkv.model import ModelConfig, Seq2SeqTransformer
 from tests.tasks.helpers import write_dates
@@ -82,6 +82,19 @@ def test_every_supported_shape_converts_exactly(tmp_path: Path, shape: dict[str,
     engine = CTranslate2Engine(tmp_path, vocab, cpu())
     for options in OPTIONS[:3]:
         assert engine.translate_ids(ids, options) == translate_ids(model, ids, options, cpu())
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_scores_and_n_best_lists_agree(run: Path, beam: int) -> None:
+    translator = Translator.load(run)
+    ids = sources(translator, run)
+    engine = CTranslate2Engine(cached_export(run, None), vocabulary(translator), cpu())
+    options = DecodeOptions(beam_size=beam, alpha=0.0)
+    expected = translate_hypotheses(translator.model, ids, options, cpu(), n_best=beam)
+    found = engine.translate_hypotheses(ids, options, n_best=beam)
+    for theirs, ours in zip(found, expected, strict=True):
+        assert [h[0] for h in theirs] == [h[0] for h in ours]
+        assert [h[1] for h in theirs] == pytest.approx([h[1] for h in ours], rel=2e-4)
 
 
 def test_beam_search_with_a_length_penalty_agrees(run: Path) -> None:

@@ -21,10 +21,8 @@ from qkv.data.special import EOS
 from qkv.errors import ConfigError
 from qkv.export.ctranslate2 import NOTE_FILE, export_run, import_ctranslate2, weights_digest
 from qkv.inference.beam import length_penalty
-from qkv.inference.translate import DecodeOptions
+from qkv.inference.translate import DecodeOptions, Found
 from qkv.inference.workers import auto_workers
-
-ENGINES = ("torch", "ctranslate2")
 
 
 def cached_export(run_dir: Path, quantize: str | None) -> Path:
@@ -59,9 +57,18 @@ class CTranslate2Engine:
         )
 
     def translate_ids(self, sources: list[list[int]], options: DecodeOptions) -> list[list[int]]:
-        """Token-id sources (no BOS/EOS) -> target ids (no BOS/EOS), in input order."""
+        """The best translation of each source; see `translate_hypotheses`."""
+        return [found[0][0] for found in self.translate_hypotheses(sources, options, 1)]
+
+    def translate_hypotheses(
+        self, sources: list[list[int]], options: DecodeOptions, n_best: int
+    ) -> list[list[Found]]:
+        """Token-id sources (no BOS/EOS) -> the `n_best` best target-id sequences (no BOS/EOS)
+        with qkv's scores, in input order."""
         if options.bf16:
             raise ConfigError("bf16 is a torch-engine option; export with --quantize bfloat16")
+        if n_best > (1 if options.sampling else options.beam_size):
+            raise ConfigError(f"n_best ({n_best}) exceeds the beam size ({options.beam_size})")
         limit = self.max_len - 1
         budgets = [
             max(0, min(int(len(s) * min(options.max_len_a, limit) + options.max_len_b), limit))
@@ -76,20 +83,25 @@ class CTranslate2Engine:
             longest = max(budgets[r] for r in rows)
             submitted = self._submit([sources[r] for r in rows], longest, options)
             pending.append((rows, longest, submitted))
-        beam = options.beam_size > 1 and not options.sampling
-        out: list[list[int]] = [[] for _ in sources]
+        out: list[list[Found]] = [[([], 0.0)] for _ in sources]
         for rows, longest, results in pending:
             for r, submitted in zip(rows, results, strict=True):
                 result = submitted.result()
-                if beam and budgets[r] < longest and _reached(result, budgets[r]):
-                    (alone,) = self._submit([sources[r]], budgets[r], options)
+                if budgets[r] < longest and _reached(result, budgets[r]):
+                    (alone,) = self._submit([sources[r]], budgets[r], options)  # its own budget
                     result = alone.result()
-                out[r] = self._best(result, options)[: budgets[r]]
+                out[r] = self._ranked(result, options)[:n_best]
         return out
 
     def _submit(self, sources: list[list[int]], budget: int, options: DecodeOptions) -> Any:
         tokens = [[self.vocabulary[i] for i in s] for s in sources]
-        common: dict[str, Any] = {"max_decoding_length": budget, "asynchronous": True}
+        common: dict[str, Any] = {
+            "max_decoding_length": budget,
+            "asynchronous": True,
+            "return_scores": True,
+            "return_end_token": True,
+            "max_input_length": 0,  # sources are cut to the model's positions already
+        }
         if options.sampling:
             return self.translator.translate_batch(
                 tokens,
@@ -98,34 +110,38 @@ class CTranslate2Engine:
                 sampling_topp=options.top_p,
                 sampling_temperature=options.temperature,
                 random_seed=options.seed,
+                length_penalty=0.0,
                 **common,
             )
         return self.translator.translate_batch(
             tokens,
             beam_size=options.beam_size,
-            length_penalty=_ct2_penalty(options.alpha),
+            length_penalty=_ct2_penalty(options.alpha) if options.beam_size > 1 else 0.0,
             num_hypotheses=options.beam_size,
-            return_scores=True,
-            return_end_token=True,
             **common,
         )
 
-    def _best(self, result: Any, options: DecodeOptions) -> list[int]:
-        """The best hypothesis by qkv's GNMT penalty. CTranslate2 finishes the same
+    def _ranked(self, result: Any, options: DecodeOptions) -> list[Found]:
+        """Hypotheses best first by qkv's score. CTranslate2's beam search finishes the same
         hypotheses (it searches by raw log-probability and stops at W finished, as qkv does)
-        but divides their scores by length ** alpha; the log-probability is recovered first."""
-        best = result.hypotheses[0]
-        if options.beam_size > 1 and not options.sampling:
-            ranked = []
-            for tokens, score in zip(result.hypotheses, result.scores, strict=True):
-                log_prob = score * len(tokens) ** _ct2_penalty(options.alpha)
-                ranked.append((log_prob / length_penalty(len(tokens), options.alpha), tokens))
-            best = max(ranked, key=lambda pair: pair[0])[1]
-        return [self.index[t] for t in best if t != EOS]
+        but divides their scores by length ** alpha: the log-probability is recovered and
+        divided by the GNMT penalty instead."""
+        if options.beam_size == 1 or options.sampling:
+            return [(self._ids(result.hypotheses[0]), float(result.scores[0]))]
+        ranked = []
+        for tokens, score in zip(result.hypotheses, result.scores, strict=True):
+            log_prob = score * len(tokens) ** _ct2_penalty(options.alpha)
+            ranked.append(
+                (self._ids(tokens), log_prob / length_penalty(len(tokens), options.alpha))
+            )
+        return sorted(ranked, key=lambda found: -found[1])
+
+    def _ids(self, tokens: list[str]) -> list[int]:
+        return [self.index[t] for t in tokens if t != EOS]
 
 
 def _reached(result: Any, budget: int) -> bool:
-    """Whether a beam search ran to `budget` steps (its hypotheses count EOS)."""
+    """Whether a search ran to `budget` steps (its hypotheses count EOS)."""
     return max(len(tokens) for tokens in result.hypotheses) >= budget
 
 

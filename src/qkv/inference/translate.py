@@ -7,10 +7,11 @@ import typing
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 from tqdm import tqdm
 
 from qkv.data.batching import token_budget_batches
-from qkv.data.special import PAD_ID
+from qkv.data.special import BOS_ID, EOS_ID, PAD_ID
 from qkv.errors import ConfigError
 from qkv.fits import fits, type_name
 from qkv.inference.beam import beam_search
@@ -75,6 +76,11 @@ class DecodeOptions:
         check_sampling(self.temperature, self.top_k, self.top_p)
 
 
+Found = tuple[list[int], float]
+"""A translation's target ids (no BOS/EOS) and its score: log-probability (EOS included) over
+the GNMT length penalty for beam search, the log-probability for greedy and sampled outputs."""
+
+
 def translate_ids(
     model: Seq2SeqTransformer,
     sources: list[list[int]],
@@ -82,7 +88,23 @@ def translate_ids(
     device: torch.device,
     progress: bool = False,
 ) -> list[list[int]]:
-    """Translate token-id sequences (no BOS/EOS) into target ids (no BOS/EOS), in input order.
+    """The best translation of each source; see `translate_hypotheses`."""
+    found = translate_hypotheses(model, sources, options, device, 1, progress, scored=False)
+    return [hypotheses[0][0] for hypotheses in found]
+
+
+def translate_hypotheses(
+    model: Seq2SeqTransformer,
+    sources: list[list[int]],
+    options: DecodeOptions,
+    device: torch.device,
+    n_best: int = 1,
+    progress: bool = False,
+    scored: bool = True,
+) -> list[list[Found]]:
+    """Translate token-id sequences (no BOS/EOS) into the `n_best` best target-id sequences
+    (no BOS/EOS) with their scores (NaN unless `scored`), in input order. `n_best` > 1 needs
+    beam search of at least that width.
 
     Batches go to `options.workers` threads on a CPU (see `workers.py`). When sampling, each
     sentence draws from a random stream of its own, seeded from `options.seed` and its place
@@ -97,9 +119,11 @@ def translate_ids(
     """
     check_workers(options.workers, device)
     _check_sources(sources, model.config.vocab_size)
+    if n_best > (1 if options.sampling else options.beam_size):
+        raise ConfigError(f"n_best ({n_best}) exceeds the beam size ({options.beam_size})")
     was_training = model.training
     try:
-        return _translate_ids(model.eval(), sources, options, device, progress)
+        return _translate(model.eval(), sources, options, device, n_best, progress, scored)
     finally:
         model.train(was_training)
 
@@ -119,16 +143,18 @@ def _check_sources(sources: list[list[int]], vocab_size: int) -> None:
                 )
 
 
-def _translate_ids(
+def _translate(
     model: Seq2SeqTransformer,
     sources: list[list[int]],
     options: DecodeOptions,
     device: torch.device,
+    n_best: int,
     progress: bool,
-) -> list[list[int]]:
-    """`translate_ids` with `model` in eval mode."""
+    scored: bool,
+) -> list[list[Found]]:
+    """`translate_hypotheses` with `model` in eval mode."""
     model = decoding_model(model, options.bf16, device)
-    out: list[list[int]] = [[] for _ in sources]
+    out: list[list[Found]] = [[([], 0.0)] for _ in sources]
     todo = [i for i, s in enumerate(sources) if s]
     lengths = [len(sources[i]) for i in todo]
     budget = max(options.max_tokens // options.beam_size, 1)
@@ -141,14 +167,18 @@ def _translate_ids(
         2**62, (len(sources),), generator=torch.Generator().manual_seed(options.seed)
     ).tolist()  # one per sentence
 
-    def decode(index: int) -> list[list[int]]:
+    def decode(index: int) -> list[list[Found]]:
         rows = batches[index]
         width = max(len(sources[r]) for r in rows)
         src = torch.full((len(rows), width), PAD_ID, dtype=torch.long)  # (B, S)
         for j, r in enumerate(rows):
             src[j, : len(sources[r])] = torch.tensor(sources[r])
         seeds_of_rows = [seeds[r] for r in rows]
-        return _decode_batch(model, src.to(device), options, seeds_of_rows, weights)
+        src = src.to(device)
+        found = _decode_batch(model, src, options, seeds_of_rows, weights, n_best)
+        if scored and (options.sampling or options.beam_size == 1):
+            return _scored(model, src, found, options)
+        return found
 
     width = 1 if options.sampling else options.beam_size
     workers = auto_workers(options.workers, device, width)
@@ -161,6 +191,42 @@ def _translate_ids(
     return out
 
 
+def _budgets(model: Seq2SeqTransformer, src: torch.Tensor, options: DecodeOptions) -> Tensor:
+    """(B,) long: each sentence's budget of generated tokens, EOS included."""
+    src_lengths = (src != PAD_ID).sum(1)  # (B,)
+    limit = model.config.max_len - 1
+    # Terms beyond the limit are cut to it first: the budget is cut there anyway, and a
+    # Python int such as 10**30 fits in no tensor (and a long would wrap).
+    budgets = src_lengths * min(options.max_len_a, limit) + min(options.max_len_b, limit)
+    return budgets.clamp(0, limit).long()
+
+
+@torch.no_grad()
+def _scored(
+    model: Seq2SeqTransformer, src: Tensor, found: list[list[Found]], options: DecodeOptions
+) -> list[list[Found]]:
+    """Greedy or sampled outputs with their log-probability under the model (EOS included when
+    the output ended before its budget), from one more pass over source and output."""
+    outputs = [hypotheses[0][0] for hypotheses in found]
+    budgets = _budgets(model, src, options).tolist()
+    golds = [
+        [*out, EOS_ID] if len(out) < budget else out
+        for out, budget in zip(outputs, budgets, strict=True)
+    ]
+    width = max(max(len(g) for g in golds), 1)
+    tgt_in = torch.full((len(golds), width), PAD_ID, dtype=torch.long)  # (B, T)
+    gold = torch.full((len(golds), width), PAD_ID, dtype=torch.long)  # (B, T)
+    for i, g in enumerate(golds):
+        tgt_in[i, : len(g)] = torch.tensor([BOS_ID, *g[:-1]] if g else [], dtype=torch.long)
+        gold[i, : len(g)] = torch.tensor(g, dtype=torch.long)
+    logits = model(src, tgt_in.to(src.device)).float()  # (B, T, V)
+    picked = logits.log_softmax(-1).gather(-1, gold.to(src.device)[..., None])[..., 0]  # (B, T)
+    picked = picked.masked_fill(gold.to(src.device) == PAD_ID, 0.0)
+    return [
+        [(out, float(score))] for out, score in zip(outputs, picked.sum(1).tolist(), strict=True)
+    ]
+
+
 @torch.no_grad()
 def _decode_batch(
     model: Seq2SeqTransformer,
@@ -168,17 +234,13 @@ def _decode_batch(
     options: DecodeOptions,
     seeds: list[int],
     weights: DecodingWeights,
-) -> list[list[int]]:
+    n_best: int,
+) -> list[list[Found]]:
     """Sources (B, S), padded, on the model's device -> B lists of target ids. `seeds`: one per
     sentence, for sampling. On a GPU each step of the model is a CUDA graph replay
     (`make_decoder`); on a CPU the batches share the frozen `weights`."""
     batch = src.size(0)
-    src_lengths = (src != PAD_ID).sum(1)  # (B,)
-    limit = model.config.max_len - 1
-    # Terms beyond the limit are cut to it first: the budget is cut there anyway, and a
-    # Python int such as 10**30 fits in no tensor (and a long would wrap).
-    budgets = src_lengths * min(options.max_len_a, limit) + min(options.max_len_b, limit)
-    max_lengths = budgets.clamp(0, limit).long()  # (B,)
+    max_lengths = _budgets(model, src, options)  # (B,)
     beams = 1 if options.sampling else options.beam_size
     decoder = make_decoder(
         model, src, int(max_lengths.max()) + 1, batch * beams, options.cuda_graphs, weights
@@ -186,8 +248,10 @@ def _decode_batch(
     if options.sampling:
         top_k, top_p = options.top_k, options.top_p
         temperature = options.temperature
-        return sample(decoder, batch, max_lengths, temperature, top_k, top_p, seeds=seeds)
-    if options.beam_size > 1:
-        found = beam_search(decoder, batch, options.beam_size, max_lengths, options.alpha)
-        return [hyps[0].tokens for hyps in found]
-    return greedy_search(decoder, batch, max_lengths)
+        found = sample(decoder, batch, max_lengths, temperature, top_k, top_p, seeds=seeds)
+    elif options.beam_size > 1:
+        hypotheses = beam_search(decoder, batch, options.beam_size, max_lengths, options.alpha)
+        return [[(h.tokens, h.score) for h in hyps[:n_best]] for hyps in hypotheses]
+    else:
+        found = greedy_search(decoder, batch, max_lengths)
+    return [[(tokens, math.nan)] for tokens in found]

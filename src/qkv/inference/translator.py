@@ -3,29 +3,70 @@
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
 from qkv import fast
 from qkv.data.readers import is_blank, texts_list
 from qkv.data.tokenizer import Tokenizer
-from qkv.errors import CheckpointError
-from qkv.inference.translate import DecodeOptions, translate_ids
+from qkv.errors import CheckpointError, ConfigError
+from qkv.inference.translate import DecodeOptions, Found, translate_hypotheses
 from qkv.model.seq2seq import Seq2SeqTransformer
 from qkv.run import RunConfig, load_run_weights, load_tokenizer
 from qkv.training.speed import pick_device
 
+ENGINES = ("torch", "ctranslate2")
+
+
+@dataclass
+class Hypothesis:
+    """One translation: its text, score (see `translate_hypotheses`), tokens and ids."""
+
+    text: str
+    score: float
+    tokens: list[str]
+    ids: list[int]
+
+
+class Engine(Protocol):
+    def translate_hypotheses(
+        self, sources: list[list[int]], options: DecodeOptions, n_best: int
+    ) -> list[list[Found]]: ...
+
 
 class Translator:
-    """A trained translation model with its tokenizer."""
+    """A trained translation model with its tokenizer, decoding with PyTorch or, when loaded
+    with `engine="ctranslate2"`, with the run's CTranslate2 export."""
 
-    def __init__(self, model: Seq2SeqTransformer, tokenizer: Tokenizer, device: torch.device):
+    def __init__(
+        self,
+        model: Seq2SeqTransformer,
+        tokenizer: Tokenizer,
+        device: torch.device,
+        engine: Engine | None = None,
+    ):
         self.model, self.tokenizer, self.device = model.eval().to(device), tokenizer, device
+        self.engine = engine
 
     @classmethod
-    def load(cls, run_dir: str | Path, device: str = "auto") -> Translator:
-        """Load a run directory written by `qkv train translation`."""
+    def load(
+        cls,
+        run_dir: str | Path,
+        device: str = "auto",
+        engine: str = "torch",
+        quantize: str | None = None,
+    ) -> Translator:
+        """Load a run directory written by `qkv train translation`. With
+        `engine="ctranslate2"` (`pip install 'qkv[deploy]'`) it decodes with the run's
+        CTranslate2 export, made on first use (`quantize`: int8, int8_float32, bfloat16,
+        float16) and again when the weights change."""
+        if engine not in ENGINES:
+            raise ConfigError(f"unknown engine {engine!r}: use {' or '.join(ENGINES)}")
+        if quantize is not None and engine != "ctranslate2":
+            raise ConfigError("--quantize applies to the ctranslate2 engine")
         run_dir = Path(run_dir)
         config = RunConfig.load(run_dir)
         if config.task != "translation":
@@ -39,13 +80,20 @@ class Translator:
         model = Seq2SeqTransformer(config.model)
         load_run_weights(model, run_dir)
         fast.apply(model)
-        return cls(model, tokenizer, pick_device(device))
+        placed = pick_device(device)
+        if engine == "torch":
+            return cls(model, tokenizer, placed)
+        from qkv.export.engine import CTranslate2Engine, cached_export
+
+        vocabulary = [tokenizer.id_to_token(i) for i in range(tokenizer.vocab_size)]
+        exported = CTranslate2Engine(cached_export(run_dir, quantize), vocabulary, placed)
+        return cls(model, tokenizer, placed, exported)
 
     def encode(self, sentences: list[str]) -> list[list[int]]:
         """Token ids, truncated (with a warning) to what the model's positions allow."""
         return self._encode(sentences)
 
-    def _encode(self, sentences: list[str]) -> list[list[int]]:
+    def _encode(self, sentences: list[str], stacklevel: int = 3) -> list[list[int]]:
         """`encode`, for `encode` and `translate` alike: its warning names their caller's line."""
         limit = self.model.config.max_len - 1
         ids = self.tokenizer.encode_batch(sentences)
@@ -54,7 +102,7 @@ class Translator:
             warnings.warn(
                 f"{len(long)} sentence(s) longer than {limit} tokens were truncated "
                 f"(first: #{long[0] + 1})",
-                stacklevel=3,
+                stacklevel=stacklevel,
             )
         return [s[:limit] for s in ids]
 
@@ -73,8 +121,49 @@ class Translator:
         Raises:
             TypeError: if `sentences` is one string, or holds something else than strings.
         """
+        found = self._hypotheses(sentences, beam_size, 1, progress, False, 5, options)
+        return [hypotheses[0].text for hypotheses in found]
+
+    def hypotheses(
+        self,
+        sentences: list[str],
+        beam_size: int = 5,
+        n_best: int = 1,
+        progress: bool = False,
+        scored: bool = True,
+        **options: float | int | bool,
+    ) -> list[list[Hypothesis]]:
+        """The `n_best` best translations of each sentence, best first, with their scores:
+        log-probability over the GNMT length penalty for beam search, log-probability for
+        greedy and sampled outputs (NaN when not `scored`). `n_best` is at most `beam_size`."""
+        return self._hypotheses(sentences, beam_size, n_best, progress, scored, 4, options)
+
+    def _hypotheses(
+        self,
+        sentences: list[str],
+        beam_size: int,
+        n_best: int,
+        progress: bool,
+        scored: bool,
+        stacklevel: int,
+        options: dict[str, float | int | bool],
+    ) -> list[list[Hypothesis]]:
         sentences = texts_list(sentences, "sentences")
         decode = DecodeOptions(beam_size=beam_size, **options)  # type: ignore[arg-type]
         texts = ["" if is_blank(s) else s for s in sentences]
-        found = translate_ids(self.model, self._encode(texts), decode, self.device, progress)
-        return self.tokenizer.decode_batch(found)
+        sources = self._encode(texts, stacklevel)
+        if self.engine is not None:
+            found = self.engine.translate_hypotheses(sources, decode, n_best)
+        else:
+            found = translate_hypotheses(
+                self.model, sources, decode, self.device, n_best, progress, scored
+            )
+        return [
+            [
+                Hypothesis(
+                    self.tokenizer.decode(ids), score, self.tokenizer.tokens_from_ids(ids), ids
+                )
+                for ids, score in hypotheses
+            ]
+            for hypotheses in found
+        ]

@@ -1,0 +1,1 @@
+"""`qkv serve`: trained runs behind HTTP (`pip install 'qkv[serve]'`)."""

@@ -1,0 +1,157 @@
+"""The runs a server holds, each behind a `Batcher`, and what they answer for one text."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Hashable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from qkv.inference.classifier import Classifier
+from qkv.inference.translator import Translator
+from qkv.run import RunConfig
+from qkv.serve.attention import classification_attention, translation_attention
+from qkv.serve.batcher import Batcher
+from qkv.serve.schema import ClassifyRequest, RequestError, TranslateRequest
+
+
+@dataclass(frozen=True)
+class TranslateOptions:
+    """The options a batch of translations shares (hashable: the batcher compares them)."""
+
+    beam: int
+    alpha: float
+    n_best: int
+    max_len_a: float
+    max_len_b: int
+    sampling: bool
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int
+
+    @classmethod
+    def of(cls, request: TranslateRequest) -> TranslateOptions:
+        if request.sampling and request.n_best > 1:
+            raise RequestError(422, "n_best", "n_best must be 1 when sampling")
+        if not request.sampling and request.n_best > request.beam:
+            raise RequestError(422, "n_best", f"n_best ({request.n_best}) exceeds beam")
+        fields = {name: getattr(request, name) for name in cls.__dataclass_fields__}
+        return cls(**fields)
+
+
+class ServedTranslator:
+    task = "translation"
+
+    def __init__(
+        self, name: str, run_dir: Path, translator: Translator, engine: str, batcher: Batching
+    ) -> None:
+        self.name, self.run_dir, self.translator, self.engine = name, run_dir, translator, engine
+        self.batcher = Batcher(self._run, batcher.window, batcher.max_tokens)
+
+    def info(self) -> dict[str, Any]:
+        return {"name": self.name, "task": self.task, "engine": self.engine}
+
+    def _run(self, options: Hashable, texts: list[str]) -> Sequence[Any]:
+        assert isinstance(options, TranslateOptions)
+        o = options
+        return self.translator.hypotheses(
+            texts,
+            beam_size=1 if o.sampling else o.beam,
+            n_best=o.n_best,
+            alpha=o.alpha,
+            max_len_a=o.max_len_a,
+            max_len_b=o.max_len_b,
+            sampling=o.sampling,
+            temperature=o.temperature,
+            top_k=o.top_k,
+            top_p=o.top_p,
+            seed=o.seed,
+        )
+
+    async def answer(self, request: TranslateRequest) -> list[dict[str, Any]]:
+        options = TranslateOptions.of(request)
+        tokens = sum(len(ids) for ids in self.translator.encode(request.texts))
+        found = await asyncio.wrap_future(self.batcher.submit(options, request.texts, tokens))
+        out = []
+        for text, hypotheses in zip(request.texts, found, strict=True):
+            best = hypotheses[0]
+            item: dict[str, Any] = {
+                "translation": best.text,
+                "score": best.score,
+                "n_best": [asdict(h) for h in hypotheses],
+            }
+            if request.attention:
+                item["attention"] = translation_attention(self.translator, text, best.ids)
+            out.append(item)
+        return out
+
+
+class ServedClassifier:
+    task = "classification"
+
+    def __init__(self, name: str, run_dir: Path, classifier: Classifier, batcher: Batching) -> None:
+        self.name, self.run_dir, self.classifier = name, run_dir, classifier
+        self.batcher = Batcher(self._run, batcher.window, batcher.max_tokens)
+        self.engine = "torch"
+
+    def info(self) -> dict[str, Any]:
+        return {"name": self.name, "task": self.task, "engine": "torch", "labels": self.labels}
+
+    @property
+    def labels(self) -> list[str]:
+        return self.classifier.labels
+
+    def _run(self, options: Hashable, texts: list[str]) -> Sequence[Any]:
+        return self.classifier.probabilities(texts).tolist()
+
+    async def answer(self, request: ClassifyRequest) -> list[dict[str, Any]]:
+        tokens = sum(len(text) for text in request.texts) // 4 + len(request.texts)
+        found = await asyncio.wrap_future(self.batcher.submit(None, request.texts, tokens))
+        out = []
+        for text, probabilities in zip(request.texts, found, strict=True):
+            best = max(range(len(probabilities)), key=probabilities.__getitem__)
+            item: dict[str, Any] = {
+                "label": self.labels[best],
+                "probabilities": dict(zip(self.labels, probabilities, strict=True)),
+            }
+            if request.attention:
+                item["attention"] = classification_attention(self.classifier, text)
+            out.append(item)
+        return out
+
+
+Served = ServedTranslator | ServedClassifier
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How long a batch gathers requests (seconds), and the source tokens it may hold."""
+
+    window: float = 0.01
+    max_tokens: int = 8192
+
+
+def load_served(
+    run_dirs: Sequence[Path],
+    engine: str = "torch",
+    quantize: str | None = None,
+    batching: Batching | None = None,
+) -> dict[str, Served]:
+    """Each run under its directory's name (`name`, `name-2`, ... when names repeat)."""
+    batching = batching or Batching()
+    served: dict[str, Served] = {}
+    for run_dir in run_dirs:
+        name, n = run_dir.resolve().name, 1
+        while name in served:
+            n += 1
+            name = f"{run_dir.resolve().name}-{n}"
+        task = RunConfig.load(run_dir).task
+        if task == "translation":
+            translator = Translator.load(run_dir, engine=engine, quantize=quantize)
+            served[name] = ServedTranslator(name, run_dir, translator, engine, batching)
+        else:
+            classifier = Classifier.load(run_dir)
+            served[name] = ServedClassifier(name, run_dir, classifier, batching)
+    return served

@@ -1,0 +1,172 @@
+"""The HTTP API: answers equal the Python API's, refusals name their field, requests batch."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from qkv.inference.classifier import Classifier
+from qkv.inference.translator import Translator
+from qkv.serve.app import create_app
+from qkv.serve.models import Batching, Served, load_served
+from qkv.serve.schema import Limits
+from tests.serve.conftest import running
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+DATES = ["3 March 2021", "March 4, 1999", "the 5th of May 2020", "12/01/2003"]
+REVIEWS = ["a wonderful and brilliant film", "boring and awful, really dull"]
+LIMITS = Limits(max_texts=8, max_chars=200, max_body=1024, max_attention_texts=2)
+
+
+@pytest.fixture(scope="module")
+def served(translation_run: Path, classification_run: Path) -> Iterator[dict[str, Served]]:
+    models = load_served([translation_run, classification_run], batching=Batching(window=0.2))
+    yield models
+    for model in models.values():
+        model.batcher.close()
+
+
+@pytest.fixture(scope="module")
+def url(served: dict[str, Served]) -> Iterator[str]:
+    with running(create_app(served, LIMITS)) as address:
+        yield address
+
+
+def post(url: str, path: str, body: Any) -> httpx.Response:
+    return httpx.post(url + path, json=body, timeout=60)
+
+
+def test_health_and_models(url: str) -> None:
+    assert httpx.get(url + "/health").json() == {"status": "ok"}
+    models = httpx.get(url + "/models").json()["models"]
+    assert [(m["name"], m["task"]) for m in models] == [
+        ("dates", "translation"),
+        ("reviews", "classification"),
+    ]
+    assert models[1]["labels"] == ["neg", "pos"]
+    assert "/translate" in httpx.get(url + "/openapi.json").json()["paths"]
+
+
+def test_translations_equal_the_python_api(url: str, translation_run: Path) -> None:
+    translator = Translator.load(translation_run)
+    answer = post(url, "/translate", {"texts": DATES, "beam": 4, "n_best": 3}).json()
+    expected = translator.hypotheses(DATES, beam_size=4, n_best=3)
+    assert answer["model"] == "dates"
+    for result, hypotheses in zip(answer["results"], expected, strict=True):
+        assert result["translation"] == hypotheses[0].text
+        assert [h["text"] for h in result["n_best"]] == [h.text for h in hypotheses]
+        scores = [h["score"] for h in result["n_best"]]
+        assert scores == pytest.approx([h.score for h in hypotheses], rel=1e-5)
+        assert scores == sorted(scores, reverse=True)
+        assert result["n_best"][0]["tokens"] == hypotheses[0].tokens
+
+
+def test_greedy_and_sampled_translations_carry_log_probabilities(url: str) -> None:
+    for options in ({"beam": 1}, {"sampling": True, "top_k": 5, "seed": 3}):
+        result = post(url, "/translate", {"texts": DATES[:1], **options}).json()["results"][0]
+        assert len(result["n_best"]) == 1
+        assert result["score"] < 0
+
+
+def test_classification_equals_the_python_api(url: str, classification_run: Path) -> None:
+    probabilities = Classifier.load(classification_run).probabilities(REVIEWS)
+    answer = post(url, "/classify", {"texts": REVIEWS}).json()
+    assert answer["model"] == "reviews"
+    for result, expected in zip(answer["results"], probabilities.tolist(), strict=True):
+        assert list(result["probabilities"].values()) == pytest.approx(expected, abs=1e-6)
+        assert result["label"] == max(result["probabilities"], key=result["probabilities"].get)
+
+
+def test_translation_attention_has_the_shapes_of_its_tokens(url: str) -> None:
+    body = {"texts": DATES[:1], "beam": 1, "attention": True}
+    attention = post(url, "/translate", body).json()["results"][0]["attention"]
+    source, target = len(attention["source_tokens"]), len(attention["target_tokens"])
+    assert len(attention["encoder"]) == 2  # layers of the tiny preset
+    for layer in attention["cross"]:
+        for head in layer:
+            assert len(head) == target and all(len(row) == source for row in head)
+            assert all(sum(row) == pytest.approx(1.0, abs=1e-3) for row in head)
+    for layer in attention["decoder"]:
+        for head in layer:  # causal: nothing above the diagonal
+            assert all(head[q][k] == 0 for q in range(target) for k in range(q + 1, target))
+
+
+def test_classification_attention_weighs_each_token(url: str) -> None:
+    body = {"texts": REVIEWS[:1], "attention": True}
+    result = post(url, "/classify", body).json()["results"][0]
+    attention = result["attention"]
+    assert len(attention["token_weights"]) == len(attention["tokens"])
+    assert attention["label"] == result["label"]
+    assert len(attention["encoder"][0][0]) == len(attention["tokens"])
+
+
+BAD = [
+    ("/translate", b'{"texts": ["a"', "body", 422),
+    ("/translate", b"\xff\xfe\x00binary junk", "body", 422),
+    ("/translate", {"texts": "3 March 2021"}, "texts", 422),
+    ("/translate", {"texts": []}, "texts", 422),
+    ("/translate", {"texts": ["ok", "   "]}, "texts[1]", 422),
+    ("/translate", {"texts": ["x" * 201]}, "texts[0]", 413),
+    ("/translate", {"texts": ["a"] * 9}, "texts", 413),
+    ("/translate", {"texts": ["a"], "beam": 0}, "beam", 422),
+    ("/translate", {"texts": ["a"], "beam": "5"}, "beam", 422),
+    ("/translate", {"texts": ["a"], "beam": 2, "n_best": 3}, "n_best", 422),
+    ("/translate", {"texts": ["a"], "colour": "red"}, "colour", 422),
+    ("/translate", {"texts": ["a"], "model": "nope"}, "model", 404),
+    ("/translate", {"texts": ["a"], "model": "reviews"}, "model", 422),
+    ("/translate", {"texts": ["a", "b", "c"], "attention": True}, "attention", 413),
+    ("/classify", {"texts": ["a" * 150] * 8, "model": "reviews"}, "body", 413),
+    ("/classify", {"texts": [1, 2]}, "texts.0", 422),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "field", "status"), BAD, ids=[b[2] for b in BAD])
+def test_bad_requests_are_refused_with_the_field(
+    url: str, path: str, body: Any, field: str, status: int
+) -> None:
+    if isinstance(body, bytes):
+        headers = {"content-type": "application/json"}
+        response = httpx.post(url + path, content=body, headers=headers)
+    else:
+        response = post(url, path, body)
+    assert response.status_code == status, response.text
+    error = response.json()
+    assert error["field"] == field
+    assert error["error"]
+    assert httpx.get(url + "/health").status_code == 200
+
+
+def test_the_page_and_its_assets_are_served(url: str) -> None:
+    page = httpx.get(url + "/")
+    assert page.status_code == 200
+    assert "<html" in page.text
+
+
+def test_concurrent_requests_decode_together_and_each_gets_its_own(
+    url: str, served: dict[str, Served]
+) -> None:
+    alone = [post(url, "/translate", {"texts": [d], "beam": 3}).json() for d in DATES]
+    batches_before = served["dates"].batcher.batches
+    with ThreadPoolExecutor(len(DATES) * 2) as pool:
+        bodies = [{"texts": [d], "beam": 3} for d in DATES * 2]
+        answers = list(pool.map(lambda b: post(url, "/translate", b).json(), bodies))
+    assert served["dates"].batcher.batches - batches_before < len(bodies)
+    assert [texts(a) for a in answers] == [texts(a) for a in alone * 2]
+    expected = [score for a in alone * 2 for score in scores(a)]
+    assert [score for a in answers for score in scores(a)] == pytest.approx(expected, rel=1e-5)
+
+
+def texts(answer: dict[str, Any]) -> list[list[str]]:
+    """The translations (and their tokens) of an answer, by text, best first."""
+    return [[json.dumps([h["text"], h["tokens"]]) for h in r["n_best"]] for r in answer["results"]]
+
+
+def scores(answer: dict[str, Any]) -> list[float]:
+    return [h["score"] for r in answer["results"] for h in r["n_best"]]
