@@ -100,13 +100,20 @@ def _vocabulary(run_dir: Path, vocab_size: int) -> list[str]:
     return [tokenizer.id_to_token(i) for i in range(vocab_size)]
 
 
-def transformer_spec(model: Seq2SeqTransformer, vocabulary: list[str]) -> Any:
-    """A `ctranslate2.specs.TransformerSpec` holding `model`'s weights."""
+def transformer_spec(
+    model: Seq2SeqTransformer, vocabulary: list[str], target_vocabulary: list[str] | None = None
+) -> Any:
+    """A `ctranslate2.specs.TransformerSpec` holding `model`'s weights; `vocabulary` names the
+    source token ids (and the target ones, unless the model has a `target_vocabulary`)."""
     from ctranslate2.specs import common_spec, transformer_spec
 
     c = model.config
-    if not c.joint_vocab:
-        raise ConfigError("export needs one joint vocabulary (the run's tokenizer is joint)")
+    target_vocabulary = target_vocabulary or vocabulary
+    if (len(vocabulary), len(target_vocabulary)) != (c.vocab_size, c.target_vocab_size):
+        raise ConfigError(
+            f"vocabularies of {len(vocabulary)} and {len(target_vocabulary)} tokens for a model "
+            f"of {c.vocab_size} and {c.target_vocab_size}"
+        )
     activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}
     spec = transformer_spec.TransformerSpec.from_config(
         (c.n_encoder_layers, c.n_decoder_layers),
@@ -125,7 +132,7 @@ def transformer_spec(model: Seq2SeqTransformer, vocabulary: list[str]) -> Any:
         _set_norm(spec.decoder.layer_norm, model.decoder.final_norm)
     _set_linear(spec.decoder.projection, model.output)
     spec.register_source_vocabulary(vocabulary)
-    spec.register_target_vocabulary(vocabulary)
+    spec.register_target_vocabulary(target_vocabulary)
     spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = UNK, BOS, EOS
     spec.config.decoder_start_token = BOS
     spec.config.add_source_bos = spec.config.add_source_eos = False
