@@ -1,0 +1,87 @@
+"""The training plan: a schedule that means the same on 5,000 examples as on 5,000,000.
+
+Presets give batch size, warm-up, evaluation interval and epochs in steps and passes, tuned on
+Multi30k and IMDB. On data far smaller, those steps would never be taken (a run that ends
+inside its warm-up learns little), so before training the plan scales them to the data:
+
+- batches: at least `MIN_BATCHES` a pass, the token budget lowered to get them;
+- steps: at least `MIN_STEPS` optimiser steps, more passes added to get them (within what
+  `max_steps` allows);
+- warm-up: at most `WARMUP_SHARE` of the planned steps, evaluation at least `MIN_EVALS` times.
+
+Settings given explicitly (on the command line) are kept as given. On Multi30k and IMDB the
+presets' own values come out unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from qkv.training.config import TrainConfig
+
+MIN_BATCHES = 50
+"""Batches a pass over the data, at the least (the token budget shrinks to reach it)."""
+MIN_STEPS = 1000
+"""Optimiser steps planned, at the least (passes are added to reach them)."""
+WARMUP_SHARE = 0.6
+"""The largest share of the planned steps that warm-up may take."""
+MIN_EVALS = 5
+"""Validations planned over a run, at the least."""
+MIN_TOKENS = 256
+"""The smallest token budget of a batch the plan chooses."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a run is planned to do, fixed before its first step."""
+
+    examples: int
+    tokens: int  # padded tokens of one pass (the batches' budget is counted this way)
+    max_tokens: int
+    steps_per_epoch: int
+    epochs: int
+    steps: int
+    warmup: int
+    eval_every: int
+    minutes: float  # 0: no time budget
+
+    def describe(self) -> str:
+        budget = f", within {self.minutes:g} minutes" if self.minutes else ""
+        return (
+            f"{self.examples:,} examples, {self.steps:,} steps planned ({self.epochs} epochs of "
+            f"{self.steps_per_epoch:,}, batches of {self.max_tokens:,} tokens), warm-up "
+            f"{self.warmup:,} steps, evaluation every {self.eval_every:,}{budget}"
+        )
+
+
+def plan_training(
+    config: TrainConfig, examples: int, tokens: int, explicit: frozenset[str] = frozenset()
+) -> tuple[Plan, TrainConfig]:
+    """The plan for `examples` examples of `tokens` padded tokens a pass, and the config with
+    its batch size, epochs, warm-up and evaluation interval set from it. `explicit` names the
+    settings the user gave, which are kept."""
+    c = config
+    max_tokens = c.max_tokens
+    if "max_tokens" not in explicit:
+        max_tokens = min(max_tokens, max(MIN_TOKENS, tokens // MIN_BATCHES))
+    per_epoch = max(1, math.ceil(tokens / max_tokens) // c.accumulate)
+    epochs = c.max_epochs
+    if "max_epochs" not in explicit:
+        epochs = max(epochs, math.ceil(MIN_STEPS / per_epoch))
+    steps = per_epoch * epochs
+    if c.max_steps:
+        steps = min(steps, c.max_steps)
+    warmup = c.warmup
+    if "warmup" not in explicit:
+        warmup = min(warmup, max(1, round(WARMUP_SHARE * steps)))
+    eval_every = c.eval_every
+    if "eval_every" not in explicit:
+        eval_every = min(eval_every, max(1, steps // MIN_EVALS))
+    planned = replace(
+        c, max_tokens=max_tokens, max_epochs=epochs, warmup=warmup, eval_every=eval_every
+    )
+    plan = Plan(
+        examples, tokens, max_tokens, per_epoch, epochs, steps, warmup, eval_every, c.max_minutes
+    )
+    return plan, planned
