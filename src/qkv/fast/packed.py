@@ -1,11 +1,9 @@
 """The encoder and decoder run on the real tokens only, skipping the padding.
 
-Position-wise operations (projections, feed-forward network, layer norms, dropout, residuals)
-treat each position alone, so they run on a batch's M real tokens as (M, D) rows (`packing.py`);
-attention, which needs the sentences apart, goes through `packed_attention` or, where that does
-not apply, `F.scaled_dot_product_attention` on the rows put back in place. The numbers are the
-reference modules' (tested). Attention maps, cached decoding and `packed=False` take the
-reference path.
+Position-wise operations run on a batch's M real tokens as (M, D) rows (`packing.py`);
+attention goes through `packed_attention` or, where that does not apply,
+`F.scaled_dot_product_attention` on the rows put back in place. Attention maps, cached decoding
+and `packed=False` take the reference path.
 """
 
 from __future__ import annotations

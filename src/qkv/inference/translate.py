@@ -21,10 +21,8 @@ from qkv.inference.search import check_sampling, greedy_search, sample
 from qkv.inference.workers import auto_workers, check_workers, map_in_workers
 from qkv.model.seq2seq import Seq2SeqTransformer
 
-MAX_BEAM = 256
-"""The widest beam decoded: its memory grows with the square of the width."""
-MAX_ALPHA = 10.0
-"""The largest length penalty exponent: ((5 + n) / 6)^alpha overflows a float far above it."""
+MAX_BEAM = 256  # the widest beam: its memory grows with the square of the width
+MAX_ALPHA = 10.0  # the largest length penalty exponent: ((5 + n) / 6)^alpha overflows above
 
 
 @dataclass
@@ -46,8 +44,7 @@ class DecodeOptions:
     bf16: bool = False  # decode a bfloat16 copy of the model (see `precision.py`)
 
     def __post_init__(self) -> None:
-        """Raise ConfigError for a setting of the wrong type or out of range, before any
-        decoding."""
+        """Raise ConfigError for a setting of the wrong type or out of range."""
         for name, hint in typing.get_type_hints(DecodeOptions).items():
             value = getattr(self, name)
             if not fits(value, hint):
@@ -84,81 +81,61 @@ def translate_ids(
 ) -> list[list[int]]:
     """Translate token-id sequences (no BOS/EOS) into target ids (no BOS/EOS), in input order.
 
-    Batches go to `options.workers` threads on a CPU (see `workers.py`). When sampling, each
-    sentence draws from a random stream of its own, seeded from `options.seed` and its place
-    in `sources`, so its translation depends on neither the workers, nor the batching, nor the
-    other sentences. With `progress`, a bar of sentences done is drawn on stderr when
-    stderr is a terminal. With `options.bf16`, a bfloat16 copy of the model decodes; `model`
-    itself is left as it is, in the mode (training or eval) it had.
+    Batches go to `options.workers` threads on a CPU. When sampling, each sentence draws from
+    a random stream seeded from `options.seed` and its place in `sources`, so its translation
+    depends on nothing else. `progress` draws a bar on stderr if it is a terminal. `model` is
+    left as it was, in float32 and in its training or eval mode.
 
     Raises:
         ValueError: a source holds a token id outside the model's source vocabulary.
         ConfigError: `options.workers` > 1 where workers cannot decode.
     """
     check_workers(options.workers, device)
-    _check_sources(sources, model.config.vocab_size)
-    was_training = model.training
-    try:
-        return _translate_ids(model.eval(), sources, options, device, progress)
-    finally:
-        model.train(was_training)
-
-
-def _check_sources(sources: list[list[int]], vocab_size: int) -> None:
-    """Raise ValueError for a token id outside [0, vocab_size), naming the sentence.
-
-    Read here, on the host, before any batch: on a GPU an id out of range would stop the
-    embedding's kernel instead, and leave the process's CUDA context unusable.
-    """
+    # Checked on the host: on a GPU an id out of range would leave the CUDA context unusable.
     for number, sentence in enumerate(sources):
         for token in sentence:
-            if not 0 <= token < vocab_size:
+            if not 0 <= token < model.config.vocab_size:
                 raise ValueError(
                     f"sources[{number}] holds token id {token}, outside the vocabulary "
-                    f"[0, {vocab_size})"
+                    f"[0, {model.config.vocab_size})"
                 )
+    was_training = model.training
+    try:
+        decoding = decoding_model(model.eval(), options.bf16, device)
+        out: list[list[int]] = [[] for _ in sources]
+        todo = [i for i, s in enumerate(sources) if s]
+        lengths = [len(sources[i]) for i in todo]
+        budget = max(options.max_tokens // options.beam_size, 1)
+        batches = [
+            [todo[i] for i in batch]
+            for batch in token_budget_batches(lengths, budget, shuffle=False, seed=0, epoch=0)
+        ]
+        weights = DecodingWeights(decoding)  # made at the first batch, shared by the workers
+        seeds = torch.randint(
+            2**62, (len(sources),), generator=torch.Generator().manual_seed(options.seed)
+        ).tolist()  # one per sentence
 
+        def decode(index: int) -> list[list[int]]:
+            rows = batches[index]
+            width = max(len(sources[r]) for r in rows)
+            src = torch.full((len(rows), width), PAD_ID, dtype=torch.long)  # (B, S)
+            for j, r in enumerate(rows):
+                src[j, : len(sources[r])] = torch.tensor(sources[r])
+            row_seeds = [seeds[r] for r in rows]
+            return _decode_batch(decoding, src.to(device), options, row_seeds, weights)
 
-def _translate_ids(
-    model: Seq2SeqTransformer,
-    sources: list[list[int]],
-    options: DecodeOptions,
-    device: torch.device,
-    progress: bool,
-) -> list[list[int]]:
-    """`translate_ids` with `model` in eval mode."""
-    model = decoding_model(model, options.bf16, device)
-    out: list[list[int]] = [[] for _ in sources]
-    todo = [i for i, s in enumerate(sources) if s]
-    lengths = [len(sources[i]) for i in todo]
-    budget = max(options.max_tokens // options.beam_size, 1)
-    batches = [
-        [todo[i] for i in batch]
-        for batch in token_budget_batches(lengths, budget, shuffle=False, seed=0, epoch=0)
-    ]
-    weights = DecodingWeights(model)  # made at the first batch, shared by the workers
-    seeds = torch.randint(
-        2**62, (len(sources),), generator=torch.Generator().manual_seed(options.seed)
-    ).tolist()  # one per sentence
-
-    def decode(index: int) -> list[list[int]]:
-        rows = batches[index]
-        width = max(len(sources[r]) for r in rows)
-        src = torch.full((len(rows), width), PAD_ID, dtype=torch.long)  # (B, S)
-        for j, r in enumerate(rows):
-            src[j, : len(sources[r])] = torch.tensor(sources[r])
-        seeds_of_rows = [seeds[r] for r in rows]
-        return _decode_batch(model, src.to(device), options, seeds_of_rows, weights)
-
-    width = 1 if options.sampling else options.beam_size
-    workers = auto_workers(options.workers, device, width)
-    found_batches = map_in_workers(decode, len(batches), workers)
-    with tqdm(total=len(todo), unit="sent", disable=None if progress else True, leave=False) as bar:
-        for rows, found in zip(batches, found_batches, strict=True):
-            for r, tokens in zip(rows, found, strict=True):
-                out[r] = tokens
-            bar.update(len(rows))
-    return out
+        width = 1 if options.sampling else options.beam_size
+        workers = auto_workers(options.workers, device, width)
+        found_batches = map_in_workers(decode, len(batches), workers)
+        disable = None if progress else True
+        with tqdm(total=len(todo), unit="sent", disable=disable, leave=False) as bar:
+            for rows, found in zip(batches, found_batches, strict=True):
+                for r, tokens in zip(rows, found, strict=True):
+                    out[r] = tokens
+                bar.update(len(rows))
+        return out
+    finally:
+        model.train(was_training)
 
 
 @torch.no_grad()
@@ -169,14 +146,12 @@ def _decode_batch(
     seeds: list[int],
     weights: DecodingWeights,
 ) -> list[list[int]]:
-    """Sources (B, S), padded, on the model's device -> B lists of target ids. `seeds`: one per
-    sentence, for sampling. On a GPU each step of the model is a CUDA graph replay
-    (`make_decoder`); on a CPU the batches share the frozen `weights`."""
+    """Sources (B, S), padded, on the model's device -> B lists of target ids; `seeds`: one per
+    sentence, for sampling."""
     batch = src.size(0)
     src_lengths = (src != PAD_ID).sum(1)  # (B,)
     limit = model.config.max_len - 1
-    # Terms beyond the limit are cut to it first: the budget is cut there anyway, and a
-    # Python int such as 10**30 fits in no tensor (and a long would wrap).
+    # Terms cut to the limit first: a Python int such as 10**30 fits in no tensor.
     budgets = src_lengths * min(options.max_len_a, limit) + min(options.max_len_b, limit)
     max_lengths = budgets.clamp(0, limit).long()  # (B,)
     beams = 1 if options.sampling else options.beam_size
@@ -184,9 +159,8 @@ def _decode_batch(
         model, src, int(max_lengths.max()) + 1, batch * beams, options.cuda_graphs, weights
     )
     if options.sampling:
-        top_k, top_p = options.top_k, options.top_p
-        temperature = options.temperature
-        return sample(decoder, batch, max_lengths, temperature, top_k, top_p, seeds=seeds)
+        o = options
+        return sample(decoder, batch, max_lengths, o.temperature, o.top_k, o.top_p, seeds=seeds)
     if options.beam_size > 1:
         found = beam_search(decoder, batch, options.beam_size, max_lengths, options.alpha)
         return [hyps[0].tokens for hyps in found]
