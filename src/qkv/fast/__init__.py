@@ -1,8 +1,5 @@
-"""Fast subclasses of the reference modules, swapped into a model in place by `apply`.
-
-They keep the parameters and state dict of `qkv.model`'s modules and give the same numbers up
-to float rounding (see `docs/performance.md`).
-"""
+"""Fast subclasses of the reference modules, swapped into a model in place by `apply`: the same
+parameters, state dict and numbers up to float rounding (see `docs/performance.md`)."""
 
 from __future__ import annotations
 
@@ -27,10 +24,7 @@ _FAST = {
 
 def apply(model: nn.Module, packed: bool = True) -> nn.Module:
     """Turn every reference module of `model` into its fast subclass, in place; returns it.
-
-    `packed=False` keeps the encoder and decoder on padded batches: every shape a function of
-    the batch's shape, with no host sync, as a CUDA graph needs.
-    """
+    `packed=False` keeps padded batches: no host sync, as a CUDA graph needs."""
     for module in model.modules():
         fast = _FAST.get(type(module))
         if fast is not None:

@@ -1,9 +1,7 @@
 """Small functions compiled by `torch.compile` (inductor), where eager torch is slow on the CPU.
 
-Such a function (hashed dropout, the fused loss) is compiled once per process for inputs of any
-size, and first run on an example. Where torch.compile cannot work (no C++ compiler, for one),
-`compiled` warns once and the caller keeps its eager way, as it does while `allow(False)` (the
-training config's `compile=false`).
+Where torch.compile cannot work (no C++ compiler, for one), `compiled` warns once and the caller
+keeps its eager way, as it does while `allow(False)` (the training config's `compile=false`).
 """
 
 from __future__ import annotations
@@ -31,12 +29,9 @@ def allowed() -> bool:
 def compiled(fn: Callable[..., Any], *example: Any) -> Callable[..., Any] | None:
     """`fn` compiled for any input sizes, tried once on `example`; None where that fails.
 
-    The example's sizes should be distinct, above 1 (inductor specialises 0 and 1) and as large
-    as the real work (inductor decides from them whether to use every core); its tensors
-    distinct objects. The function returned runs `fn` (positional arguments only) with
-    autograd off and its tensors detached, so that grad mode never compiles it again. The
-    example must not be drawn from torch's global generator, which compiling leaves alone (a
-    resumed run restores its random state).
+    The example's sizes should be distinct, above 1 and as large as the real work; its tensors
+    distinct objects, not drawn from torch's global generator (which compiling leaves alone).
+    The function returned runs `fn` with autograd off and its tensors detached.
     """
     kernel = torch.compile(fn, dynamic=True)
     logger = logging.getLogger("torch.utils.cpp_extension")

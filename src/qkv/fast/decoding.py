@@ -1,9 +1,6 @@
-"""A translation model's decoder made fast for CPU decoding steps, its parameters shared.
-
-In the copy that `frozen_for_decoding` makes, every decoder linear layer is a `FrozenLinear`
-(oneDNN also applies the feed-forward ReLU), and attention over the cache is two batched
-products, the source mask added by the first: at one query per row the fused kernel costs more
-than it saves. The encoder, run once per batch, stays the model's own.
+"""A translation model's decoder made fast for CPU decoding steps, its parameters shared: linear
+layers frozen (`FrozenLinear`), attention over the cache as two batched products (at one query
+per row the fused kernel costs more than it saves).
 """
 
 from __future__ import annotations

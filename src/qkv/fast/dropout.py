@@ -1,11 +1,9 @@
 """Dropout whose random masks are cheap to draw on the CPU.
 
-Each 64-bit random word gives four 16-bit integers; an element is dropped when its integer is
-below a threshold (p rounded to a multiple of 1/65536; kept values scaled by the exact inverse
-of the keep probability). On the CPU, for at least `HASHED_MIN` elements where torch.compile
-works, word j is SplitMix64's output j from a seed drawn from torch's generator: one compiled
-loop draws and applies the mask, and the backward recomputes it from the seed. Elsewhere the
-words come from torch's generator (`random_`).
+Each 64-bit random word gives four 16-bit integers, dropped below a threshold (p rounded to a
+multiple of 1/65536). On the CPU, for at least `HASHED_MIN` elements, word j is SplitMix64's
+output j from one seed: a compiled loop draws and applies the mask, and the backward recomputes
+it. Elsewhere the words come from torch's generator.
 """
 
 from __future__ import annotations

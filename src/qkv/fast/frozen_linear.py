@@ -1,8 +1,5 @@
 """Linear layers frozen for CPU decoding: weights reordered once for oneDNN's blocked layout,
-which it streams faster, as `torch.compile` does to frozen CPU linears. Where that does not
-apply (a GPU, a dtype other than float32 or native bf16, autocast, autograd, no oneDNN), the
-layer is `linear`.
-"""
+as `torch.compile` does to frozen CPU linears; elsewhere the layer is `linear`."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""The feed-forward network's Linear -> ReLU -> dropout as one step each way, for CPU training.
-
-oneDNN applies the ReLU as it writes the product and the hashed dropout (`qkv.fast.dropout`)
-makes one pass over it. The backward is one pass, grad * where(out > 0, scale, 0): an element
-is kept and positive exactly where the output is positive, so only the output, which the
-second linear layer keeps anyway, is stored. Elsewhere (`applies`) the caller runs the three
-layers.
+"""The feed-forward network's Linear -> ReLU -> dropout as one step each way, for CPU training:
+oneDNN applies the ReLU, the hashed dropout makes one pass. The backward is grad * where(out >
+0, scale, 0) (kept and positive exactly where the output is), so only the output is stored.
 """
 
 from __future__ import annotations
@@ -33,10 +29,7 @@ def applies(x: Tensor, weight: Tensor, bias: Tensor | None, p: float) -> bool:
 
 
 def linear_relu_dropout(x: Tensor, weight: Tensor, bias: Tensor | None, p: float) -> Tensor:
-    """dropout(relu(x Wᵀ + b), p) for x (..., D), weight (F, D), bias (F,) -> (..., F).
-
-    Only where `applies` holds; otherwise compose `linear`, `relu` and `dropout`.
-    """
+    """dropout(relu(x Wᵀ + b), p) for x (..., D), weight (F, D) -> (..., F), where `applies`."""
     levels = hashed.dropped_levels(p)
     out: Tensor = _LinearReluDropout.apply(x, weight, bias, levels, hashed._scale(levels))
     return out

@@ -1,9 +1,6 @@
-"""The label-smoothed cross-entropy of a CPU training step as one compiled loop each way.
-
-`F.cross_entropy` passes over the (M, V) logits several times; here the forward reads each row
-once and keeps only its log-sum-exp, and the backward writes (softmax - smoothed target) * the
-loss's gradient in one pass. Compiling costs seconds, so it applies only where it pays
-(`applies`); elsewhere `F.cross_entropy` does the work.
+"""The label-smoothed cross-entropy of a CPU training step as one compiled loop each way, where
+it pays for its compiling (`applies`): the forward reads each row of the (M, V) logits once and
+keeps its log-sum-exp, the backward writes (softmax - smoothed target) * grad in one pass.
 """
 
 from __future__ import annotations

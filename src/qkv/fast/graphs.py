@@ -24,13 +24,9 @@ def record(
     compute: Callable[[], T], device: torch.device, pool: Any = None, warmups: int = 2
 ) -> tuple[torch.cuda.CUDAGraph, T]:
     """Record `compute` as a CUDA graph: (the graph, the tensors its recording returned, which
-    every replay overwrites).
-
-    `compute` first runs `warmups` times eagerly on the side stream (lazy initialisation must
-    happen outside a capture), so those runs must be harmless or wanted. With `pool` (another
-    graph's `pool()`), the temporaries share that graph's memory: safe when the graphs replay
-    one at a time and keep nothing in the pool between replays.
-    """
+    every replay overwrites). `compute` first runs `warmups` times eagerly, outside a capture.
+    With `pool` (another graph's `pool()`), the graphs share memory: they must replay one at a
+    time and keep nothing in the pool between replays."""
     stream, current = side_stream(device), torch.cuda.current_stream(device)
     stream.wait_stream(current)  # after the current stream's earlier work, before its later
     try:

@@ -1,8 +1,5 @@
 """Where packed rows sit for attention: sentences sorted by length, in groups each padded to
-its own longest (padding the whole batch to its longest spends B·L² products, not Σ L_b²).
-
-A group costs a dozen more calls, so a cut is made only where it saves more than `GROUP_COST`.
-For cross-attention the keys' `Layout` follows the queries' `Grouping`.
+its own longest. For cross-attention the keys' `Layout` follows the queries' `Grouping`.
 """
 
 from __future__ import annotations
@@ -44,13 +41,10 @@ class Grouping:
 
 @dataclass(frozen=True)
 class Layout:
-    """Where one side's real rows sit in a grouped grid.
-
-    Group g holds B_g sentences padded to L_g positions, B_g · L_g slots from `starts[g]`. A
-    grid of P = parts × heads head-parts is (P · total, K) rows, group by group and within a
-    group head-part by head-part, so a group's block views as (parts, heads · B_g, L_g, K).
-    `base`, `span` and `local` (M,) long give each real row its group's start, its group's
-    B_g · L_g, and its slot in the group (sentence in group × L_g + position).
+    """Where one side's real rows sit in a grid of (parts · heads · total, K) rows: group g,
+    B_g sentences padded to L_g positions, starts at slot `starts[g]`, its block viewing as
+    (parts, heads · B_g, L_g, K). `base`, `span` and `local` (M,) long give each real row its
+    group's start and B_g · L_g, and its slot in the group (sentence in group × L_g + position).
     """
 
     sizes: list[int]  # B_g

@@ -1,9 +1,5 @@
-"""Linear layers whose float32 products go to oneDNN on the CPU, forward and backward.
-
-`F.linear`'s MKL takes its AVX2 code on AMD CPUs; oneDNN uses the widest vector units. All
-three products of a training step run there, over row counts rounded up to a few shapes
-(`_padded`). Elsewhere (a GPU, another dtype, autocast, no oneDNN, an empty batch) `linear` is
-`F.linear`.
+"""Linear layers whose float32 CPU products go to oneDNN, forward and backward: `F.linear`'s MKL
+takes its AVX2 code on AMD CPUs. Row counts are rounded up to a few shapes (`_padded`).
 """
 
 from __future__ import annotations
@@ -51,9 +47,8 @@ class _OneDNNLinear(torch.autograd.Function):
 def _grads(
     grad: Tensor, inputs: Tensor, weight: Tensor, ctx: Any
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-    """The gradients of a product's input, weight and bias that `ctx` asks for (it holds
-    `needs_input_grad`, `shape`, the input's, and `has_bias`), from the gradient at the padded
-    rows (M', out), zeros below the M real ones, the padded inputs (M', in) and weight."""
+    """The gradients of input, weight and bias that `ctx` asks for, from the product's gradient
+    (M', out), zeros below the M real rows, and the padded inputs (M', in)."""
     grad_x = grad_w = grad_b = None
     if ctx.needs_input_grad[0]:
         count = ctx.shape.numel() // ctx.shape[-1]
@@ -66,11 +61,8 @@ def _grads(
 
 
 def _weight_grad(grad: Tensor, inputs: Tensor) -> Tensor:
-    """grad (M, out), inputs (M, in) -> gradᵀ inputs (out, in).
-
-    oneDNN reads its weight operand at full speed in either layout but a transposed source
-    slowly, so the narrower factor is copied into the (·, M) layout as the source.
-    """
+    """grad (M, out), inputs (M, in) -> gradᵀ inputs (out, in); the narrower factor is copied
+    as the source: oneDNN reads a transposed weight operand fast, a transposed source slowly."""
     if grad.size(1) > inputs.size(1):
         return _product(inputs.t().contiguous(), grad.t()).t().contiguous()  # (out, in)
     return _product(grad.t().contiguous(), inputs.t())  # (out, in)

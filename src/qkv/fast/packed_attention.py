@@ -1,10 +1,7 @@
-"""Attention from packed rows to packed rows for short sentences, its backward written out.
+"""Attention from packed rows to packed rows for short CPU float32 sentences, without dropout.
 
-The rows go into a grid (`qkv.fast.grid`: groups of sentences of similar lengths, heads before
-sentences) in one scatter and come back in one gather, where autograd's path copies them to a
-padded layout and to head-major order and back. Each group is one batch of products, scale and
-mask inside the first (`baddbmm`). It serves CPU float32 sentences of up to `SHORT` tokens
-without attention dropout, where unfused products are faster than the fused kernel.
+The rows go into a grid (`qkv.fast.grid`) in one scatter and come back in one gather, with no
+padded or head-major copy; each group is one batch of products; the backward is written out.
 """
 
 from __future__ import annotations
@@ -41,13 +38,9 @@ def packed_attention(
     memory_rows: Packing,
     heads: int,
 ) -> Tensor:
-    """softmax(Q K^T / sqrt(K)) V in `heads` heads, from and to packed rows -> (M'_q, D), the
-    context before the output projection (zeros in filler rows and rows with no key).
-
-    `queries` are the [q; k; v] projections (M'_q, 3D) of self-attention when `keys_values`
-    is None, else the queries (M'_q, D) and `keys_values` (M'_k, 2D) of cross-attention.
-    `mask` (bool, True = may attend, broadcastable to (B, H, T, S)) must leave out padding keys.
-    """
+    """softmax(Q K^T / sqrt(K)) V from and to packed rows -> (M'_q, D), zeros in rows with no
+    key. `queries`: [q; k; v] (M'_q, 3D), or with `keys_values` [k; v] (M'_k, 2D), q (M'_q, D).
+    `mask` (True = may attend, broadcastable to (B, H, T, S)) must leave out padding keys."""
     groups = grouping(query_rows)
     query_layout = layout(query_rows, groups)
     key_layout = query_layout if keys_values is None else layout(memory_rows, groups)

@@ -1,8 +1,5 @@
-"""The real tokens of a padded batch as rows, so that position-wise work skips the padding.
-
-On a CPU the rows are rounded up to the counts that qkv's linear layers multiply
-(`qkv.fast.linear.padded_rows`), so that none copies its rows into a longer matrix: M' >= M
-rows, the last M' - M copies of the first real token, which `unpack` leaves out.
+"""The real tokens of a padded batch as rows. On a CPU the M rows are rounded up to M' rows that
+the linear layers multiply uncopied (`padded_rows`), the fillers copies of the first token.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
-"""Batched beam search over an incremental decoder, with fairseq's and Hugging Face's rules
-(`early_stopping=True`).
+"""Batched beam search over an incremental decoder, with fairseq's and Hugging Face's rules.
 
 Each step keeps the 2W best candidates of each sentence, finalises those that end in EOS and
-rank among the W best (so W = 1 is greedy decoding), and continues with the W best that do not.
-A sentence is done once it holds W finished hypotheses, or at its budget of generated tokens
-(EOS included), where its live beams are finalised as they are. Candidates are ranked by raw
-log-probability, results by log_prob / ((5 + length) / 6) ** alpha (GNMT), length counting EOS.
-
-Shapes: B batch, W beam width, V vocabulary size, T tokens generated so far, N rows live in
-the decoder, B' live sentences.
+rank among the W best (so W = 1 is greedy), and continues with the W best others. A sentence is
+done with W finished hypotheses, or at its budget (its live beams finalised as they are).
+Results are ranked by log_prob / ((5 + length) / 6) ** alpha, length counting EOS. Shapes: B
+batch, W beam width, V vocabulary, T tokens generated, N decoder rows, B' live sentences.
 """
 
 from __future__ import annotations
@@ -59,11 +55,7 @@ def beam_search(
     eos_id: int = EOS_ID,
 ) -> list[list[Hypothesis]]:
     """For each sentence, up to W hypotheses sorted best first (other arguments as in
-    `greedy_search`; alpha 0 ranks by raw log-probability).
-
-    Raises:
-        ConfigError: if beam_size < 1.
-    """
+    `greedy_search`); ConfigError if beam_size < 1."""
     if beam_size < 1:
         raise ConfigError(f"beam_size must be >= 1, got {beam_size}")
     check_lengths(batch_size, max_lengths)
@@ -112,13 +104,8 @@ def _shared_prefixes(fed: Tensor, rows: Tensor) -> Tensor | None:
 
 
 def _keep(state: BeamState, live: Tensor) -> BeamState:
-    """Keep the sentences at positions `live` (B'',) long."""
-    return BeamState(
-        sentences=state.sentences[live],  # (B'',)
-        scores=state.scores[live],  # (B'', W)
-        tokens=state.tokens[live],  # (B'', W, T)
-        max_lengths=state.max_lengths[live],  # (B'',)
-    )
+    """Keep the sentences at positions `live` (B'',) long: every field is indexed by sentence."""
+    return BeamState(**{name: value[live] for name, value in vars(state).items()})
 
 
 def _advance(
@@ -184,12 +171,8 @@ def _top_candidates(
 
 
 def topk_by_blocks(values: Tensor, k: int, block: int = 64) -> tuple[Tensor, Tensor]:
-    """`values.topk(k, dim=1)` of values (R, L), faster on a CPU for long rows (equal values
-    may come out in another order).
-
-    The k largest values of a row lie in the k blocks with the largest maxima (from `amax`,
-    much cheaper than CPU `topk`), so only they and the tail go through `topk`.
-    """
+    """`values.topk(k, dim=1)` of values (R, L), faster on a CPU for long rows (ties in any
+    order): only the k blocks with the largest maxima (`amax`) and the tail go through `topk`."""
     rows, length = values.shape
     blocks = length // block
     if values.device.type != "cpu" or blocks <= 2 * k:  # too few blocks to save work

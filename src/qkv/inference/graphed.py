@@ -1,15 +1,10 @@
-"""Decoding steps at fixed shapes, recorded once as a CUDA graph and replayed.
+"""Decoding steps at fixed shapes, recorded once as a CUDA graph and replayed: on a GPU,
+launching a small model's kernels from Python takes longer than running them.
 
-On a GPU, launching a small model's few hundred kernels per step from Python takes longer than
-running them; a CUDA graph replays them with one launch. A graph replays the same kernels on
-the same memory, so everything a step reads keeps its shape and address (`StaticDecoderCache`):
-R = B * W rows from the start, whether in use or not; a self-attention cache of T_max positions
-written at a position held in a tensor, those not yet decoded masked out; and one copy of the
-cross-attention keys and values per row. The searches of `search.py` and `beam.py` run as they
-are between replays; `select` moves rows between the fixed buffers.
-
-Shapes: B batch, N rows in use, R rows in all, V vocabulary size, H heads, K head size, S
-source length, T_max steps.
+A graph replays the same kernels on the same memory, so a step reads R = B * W rows, all T_max
+positions of the self-attention cache (masked) and a copy of the cross-attention keys and
+values per row. The searches run between replays; `select` moves rows between the buffers.
+Shapes: B batch, N rows in use, R rows in all, V vocabulary, H heads, K head size, S source.
 """
 
 from __future__ import annotations
@@ -47,9 +42,8 @@ class StaticKVCache:
 
 @dataclass
 class StaticDecoderCache:
-    """Everything a decoding step reads, at shapes fixed for the whole batch: per decoder layer
-    a `StaticKVCache` and cross-attention keys and values (R, H, S, K); the source mask
-    (R, 1, 1, S); the step being decoded, `position` (1,) long, and the host's count `length`."""
+    """Everything a decoding step reads, at fixed shapes: per decoder layer a `StaticKVCache`
+    and cross keys and values (R, H, S, K); `length` counts the steps decoded, on the host."""
 
     self_attn: list[StaticKVCache]
     cross_keys: list[Tensor]
@@ -127,13 +121,9 @@ def static_step(model: Seq2SeqTransformer, tokens: Tensor, cache: StaticDecoderC
 
 
 class StaticDecoder:
-    """The search functions' decoder over a `StaticDecoderCache`, one graph replay per step.
-
-    `max_steps` is the most tokens any row will be fed (BOS included), `rows` R the most rows
-    the search holds at once (B * beam width). `graph`: replay the step as a CUDA graph,
-    recorded at the first `step`; None: on a CUDA device only. Without a graph the same
-    fixed-shape step runs eagerly (same numbers).
-    """
+    """The search functions' decoder over a `StaticDecoderCache` of `rows` rows and
+    `max_steps` steps, one graph replay per step: with `graph` (None: on a CUDA device), the
+    step is recorded at the first `step`; without, it runs eagerly (same numbers)."""
 
     def __init__(
         self,
@@ -150,11 +140,6 @@ class StaticDecoder:
         self.use_graph = src_ids.device.type == "cuda" if graph is None else graph
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits = torch.empty(0)  # (R, V) where the graph leaves its output
-
-    @property
-    def rows(self) -> int:
-        """R, the rows computed at every step."""
-        return self.tokens.numel()
 
     def compute(self) -> Tensor:
         """The fixed-shape step, recordable as a graph: float32 logits (R, V) of `tokens`."""

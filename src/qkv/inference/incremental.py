@@ -26,17 +26,13 @@ class DecodingWeights:
         """The model with its decoder frozen and the frozen output layer; `rows`, the usual
         number of rows per step, is a hint for the weights' layout."""
         with self._making:
-            stamp = self._stamp()
+            # what changes when a weight does (never equal without version counters)
+            parameters = self.model.parameters()
+            stamp = tuple((id(p), p.data_ptr(), _version(p), p.dtype, p.device) for p in parameters)
             if self._made is None or self._made[0] != stamp:
                 model = frozen_for_decoding(self.model, rows)
                 self._made = stamp, model, OutputLayer(self.model.output, rows)
             return self._made[1], self._made[2]
-
-    def _stamp(self) -> Hashable:
-        """What changes when a weight does (never equal without version counters)."""
-        return tuple(
-            (id(p), p.data_ptr(), _version(p), p.dtype, p.device) for p in self.model.parameters()
-        )
 
 
 class ModelDecoder:

@@ -43,16 +43,10 @@ class _Screen:
 
 
 class OutputLayer:
-    """The output layer frozen for decoding: `logits(x)`, and `argmax(x)` screened in bf16
-    for float32 rows x (N, D) on the CPU; make a new one after the weight changes.
-
-    `rows` is the usual number of rows per call (a hint for the layouts); `never` token ids
+    """`logits(x)`, and `argmax(x)` screened in bf16 for float32 rows x (N, D) on the CPU;
+    make a new one after the weight changes. `never` token ids (in [0, V), else ValueError)
     get -inf logits. `screen`: True screens any float32 CPU rows (tests), False never, None
-    where it pays (native bf16 matmuls, V >= MIN_VOCAB, MIN_ROWS rows or more).
-
-    Raises:
-        ValueError: if a `never` id is not in [0, V).
-    """
+    where it pays (native bf16 matmuls, V >= MIN_VOCAB, MIN_ROWS rows or more)."""
 
     def __init__(
         self,
@@ -86,8 +80,7 @@ class OutputLayer:
     @property
     def rounded(self) -> FrozenLinear | None:
         """The bf16 copy of the weight (V', D), once a screened `argmax` has made it."""
-        screen = self._screen[0] if self._screen else None
-        return screen.rounded if screen is not None else None
+        return self._screen[0].rounded if self._screen else None
 
     def _prepare_screen(self) -> _Screen:
         """The screen, made at the first screened `argmax` of this layer or its copies."""

@@ -26,11 +26,8 @@ def native_bf16(device: torch.device) -> bool:
 def decoding_model(
     model: Seq2SeqTransformer, bf16: bool, device: torch.device
 ) -> Seq2SeqTransformer:
-    """The model itself, or with `bf16` a copy of it in bfloat16, to decode with.
-
-    Raises ConfigError on a GPU without bf16; warns on a CPU without native bf16 matrix
-    instructions, where bf16 decoding works but runs slower than float32.
-    """
+    """The model itself, or with `bf16` a copy of it in bfloat16, to decode with: ConfigError
+    on a GPU without bf16, a warning on a CPU without native bf16 (slower than float32)."""
     if not bf16:
         return model
     if not native_bf16(device):

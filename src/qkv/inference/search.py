@@ -1,8 +1,5 @@
-"""Greedy decoding and sampling over an incremental decoder, one path per sentence.
-
-Finished rows (EOS, or their budget of generated tokens, EOS included, spent) leave the decoder,
-so a step's work shrinks with the unfinished sentences. Shapes: B batch, V vocabulary size, N
-rows live in the decoder.
+"""Greedy decoding and sampling over an incremental decoder, one path per sentence; finished
+rows leave the decoder. Shapes: B batch, V vocabulary size, N rows live in the decoder.
 """
 
 from __future__ import annotations
@@ -26,11 +23,8 @@ class IncrementalDecoder(Protocol):
         """tokens (N,) long, the last of every live row -> next-token logits (N, V)."""
 
     def select(self, rows: Tensor, held: Tensor | None = None) -> None:
-        """Keep and reorder rows: new row i = old row rows[i] (N',) long.
-
-        `held` (N',) long is a hint a decoder may ignore: how many tokens fed so far (BOS
-        first) place i already shares with old row rows[i], for the same source.
-        """
+        """Keep and reorder rows: new row i = old row rows[i] (N',) long. `held` (N',) long, a
+        hint: how many tokens fed (BOS first) place i shares with old row rows[i]."""
 
 
 @runtime_checkable
@@ -48,11 +42,8 @@ def greedy_search(
     bos_id: int = BOS_ID,
     eos_id: int = EOS_ID,
 ) -> list[list[int]]:
-    """Decode every sentence by always taking the most probable next token.
-
-    `max_lengths` (B,) long, on the decoder's device, is each sentence's budget of generated
-    tokens (EOS included). Returns B lists of token ids, without BOS and EOS.
-    """
+    """B lists of token ids (no BOS, EOS), always the most probable next token; `max_lengths`
+    (B,) long, on the decoder's device: each sentence's budget of tokens, EOS included."""
     step_argmax: Callable[[Tensor], Tensor] = (
         decoder.step_argmax
         if isinstance(decoder, ArgmaxDecoder)
@@ -75,17 +66,12 @@ def sample(
     eos_id: int = EOS_ID,
     seeds: Sequence[int] | None = None,
 ) -> list[list[int]]:
-    """Decode every sentence by drawing each next token at random (arguments as in
-    `greedy_search`).
+    """Decode every sentence by drawing each next token from the logits divided by
+    `temperature` and cut by `filter_logits`, never padding or BOS. Each sentence draws from a
+    stream seeded by its entry of `seeds` (else drawn from `generator`), whatever the batch.
 
-    The logits are divided by `temperature`, cut by `filter_logits` (top-k, then nucleus) and
-    renormalised. Padding and BOS are never drawn. Each sentence draws from its own random
-    stream, seeded by its entry of `seeds` (else by a seed drawn from `generator`), so its
-    tokens do not depend on the rest of the batch.
-
-    Raises:
-        ConfigError: if temperature, top_k or top_p is out of range.
-        ValueError: if `seeds` does not hold B seeds.
+    Raises ConfigError for temperature, top_k or top_p out of range, ValueError unless `seeds`
+    holds B seeds.
     """
     check_sampling(temperature, top_k, top_p)
     check_lengths(batch_size, max_lengths)
@@ -130,10 +116,7 @@ def _on_cpu(generator: torch.Generator | None) -> torch.Generator | None:
 
 def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
     """logits (N, V) -> a copy with -inf outside the top-k (0 keeps all) and outside the
-    nucleus: the smallest set of most probable tokens (after top-k) of mass >= top_p.
-
-    Raises:
-        ConfigError: if top_k < 0 or top_p is not in (0, 1].
+    nucleus: the smallest set of most probable tokens (after top-k) of mass >= top_p in (0, 1].
     """
     _check_filters(top_k, top_p)
     vocab_size = logits.size(-1)
@@ -187,11 +170,8 @@ def check_lengths(batch_size: int, max_lengths: Tensor) -> None:
 
 
 def first_argmax(logits: Tensor, chunk: int = 64) -> Tensor:
-    """`logits.argmax(dim=-1)` (N,) long, faster on a CPU (NaN rows included).
-
-    CPU `argmax` is much slower than `amax`: `argmax` looks only at the chunks' maxima and
-    inside the first chunk holding the row's maximum; the tail wins only when strictly larger.
-    """
+    """`logits.argmax(dim=-1)` (N,) long, NaN rows included; faster on a CPU, where `argmax` is
+    much slower than `amax`: it looks only at the chunks' maxima and inside the best chunk."""
     rows, vocab_size = logits.shape
     whole = vocab_size // chunk * chunk
     if logits.device.type != "cpu" or whole < 16 * chunk:

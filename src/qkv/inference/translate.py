@@ -79,16 +79,11 @@ def translate_ids(
     device: torch.device,
     progress: bool = False,
 ) -> list[list[int]]:
-    """Translate token-id sequences (no BOS/EOS) into target ids (no BOS/EOS), in input order.
+    """Translate token-id sequences into target ids (no BOS/EOS either), in input order; a
+    sampled sentence's stream is seeded from `options.seed` and its place in `sources` only.
 
-    Batches go to `options.workers` threads on a CPU. When sampling, each sentence draws from
-    a random stream seeded from `options.seed` and its place in `sources`, so its translation
-    depends on nothing else. `progress` draws a bar on stderr if it is a terminal. `model` is
-    left as it was, in float32 and in its training or eval mode.
-
-    Raises:
-        ValueError: a source holds a token id outside the model's source vocabulary.
-        ConfigError: `options.workers` > 1 where workers cannot decode.
+    Raises ValueError for a token id outside the vocabulary, ConfigError for workers > 1 where
+    workers cannot decode.
     """
     check_workers(options.workers, device)
     # Checked on the host: on a GPU an id out of range would leave the CUDA context unusable.

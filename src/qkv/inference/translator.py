@@ -67,11 +67,8 @@ class Translator:
     ) -> list[str]:
         """Translate sentences; options are `DecodeOptions` fields (alpha, max_len_a, ...).
 
-        Blank sentences (only whitespace and invisible characters such as zero-width spaces)
-        translate to empty strings. `progress` draws a progress bar on stderr if it is a terminal.
-
-        Raises:
-            TypeError: if `sentences` is one string, or holds something else than strings.
+        Blank sentences translate to empty strings; `progress` draws a bar on stderr if it is a
+        terminal. Raises TypeError unless `sentences` is a list of strings.
         """
         sentences = texts_list(sentences, "sentences")
         decode = DecodeOptions(beam_size=beam_size, **options)  # type: ignore[arg-type]

@@ -1,9 +1,5 @@
-"""Decoding batches side by side on a CPU: `map_in_workers(job, count, workers)`.
-
-Two torch threads sharing a decoding step's small operations wait for each other at every one;
-two threads each decoding batches of their own on one torch thread never meet, as with
-CTranslate2's `inter_threads`. The workers are threads of this process, sharing the model.
-"""
+"""Decoding batches side by side on a CPU, each thread on its own torch thread (CTranslate2's
+`inter_threads`): torch threads sharing a step's small operations wait at every one."""
 
 from __future__ import annotations
 
@@ -59,13 +55,10 @@ def usable_cpus() -> int:
 
 
 def map_in_workers(job: Callable[[int], Result], count: int, workers: int) -> Iterator[Result]:
-    """`job(0), ..., job(count - 1)`, yielded in order, computed by `workers` threads.
-
-    Each worker runs torch on its share of the caller's threads and takes the next index when
-    free; the last `count % workers` jobs run here afterwards on all of them. Jobs run under
-    the caller's grad and inference modes. A job's exception, KeyboardInterrupt, and SIGTERM
-    while the workers run (main thread only) are raised here once the jobs under way end.
-    """
+    """`job(0), ..., job(count - 1)`, yielded in order, computed by `workers` threads, each on
+    its share of the caller's torch threads (the last `count % workers` jobs run here on all).
+    A job's exception, KeyboardInterrupt, and SIGTERM while the workers run (main thread only)
+    are raised here once the jobs under way end."""
     workers = min(workers, count)
     if workers <= 1:
         yield from map(job, range(count))
