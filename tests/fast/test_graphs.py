@@ -1,18 +1,11 @@
-"""Recording CUDA graphs: on a CPU the helpers just run the work."""
+"""Recording CUDA graphs."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from qkv.fast.graphs import on_side_stream, record
-
-
-def test_on_a_cpu_the_side_stream_block_just_runs() -> None:
-    ran = []
-    with on_side_stream(torch.device("cpu")):
-        ran.append(torch.ones(2).sum().item())
-    assert ran == [2.0]
+from qkv.fast.graphs import record
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

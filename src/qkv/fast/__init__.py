@@ -1,13 +1,5 @@
-"""Fast subclasses of the reference modules, swapped into a model in place by `apply`.
-
-They keep the parameters and state dict of `qkv.model`'s modules and give the same numbers up
-to float rounding (each is tested against the reference; gains in `docs/performance.md`):
-`PackedEncoder` / `PackedDecoder` run every layer on the real tokens only (`packed.py`),
-`Linear` sends a CPU training step's float32 products to oneDNN (`linear.py`), `Dropout`
-hashes its masks in a compiled loop (`dropout.py`) and `FusedFeedForward` makes
-Linear -> ReLU -> dropout one step each way (`fused_ffn.py`). Decoding adds
-`frozen_for_decoding` (`decoding.py`).
-"""
+"""Fast subclasses of the reference modules, swapped into a model in place by `apply`: the same
+parameters, state dict and numbers up to float rounding (see `docs/performance.md`)."""
 
 from __future__ import annotations
 
@@ -32,12 +24,7 @@ _FAST = {
 
 def apply(model: nn.Module, packed: bool = True) -> nn.Module:
     """Turn every reference module of `model` into its fast subclass, in place; returns it.
-
-    Args:
-        model: a `Seq2SeqTransformer` or `TextClassifier` (or any module holding their parts).
-        packed: whether the encoder and decoder run on the real tokens only. False keeps every
-            shape a function of the batch's shape, with no host sync, as a CUDA graph needs.
-    """
+    `packed=False` keeps padded batches: no host sync, as a CUDA graph needs."""
     for module in model.modules():
         fast = _FAST.get(type(module))
         if fast is not None:

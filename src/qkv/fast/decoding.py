@@ -1,12 +1,6 @@
-"""A translation model's decoder made fast for CPU decoding steps, its parameters shared.
-
-In the copy that `frozen_for_decoding` makes, every linear layer is a `FrozenLinear` (weight
-reordered once for oneDNN, which also applies the feed-forward ReLU: `StepFeedForward`), and
-attention over the cache is two batched products with the source mask added by the first
-(`StepAttention`): at one query per row the fused kernel costs more than it saves, and
-`baddbmm` reads the cached keys and values in place. The encoder stays the model's own: it
-runs once per batch, where a reordered copy gains nothing. Results match the reference up to
-float rounding (tested on the token ids).
+"""A translation model's decoder made fast for CPU decoding steps, its parameters shared: linear
+layers frozen (`FrozenLinear`), attention over the cache as two batched products (at one query
+per row the fused kernel costs more than it saves).
 """
 
 from __future__ import annotations
@@ -80,12 +74,8 @@ class StepFeedForward(FeedForward):
 
 
 def frozen_for_decoding(model: Seq2SeqTransformer, rows: int) -> Seq2SeqTransformer:
-    """A copy of `model` for decoding steps, sharing its parameters (see the module docstring).
-
-    Args:
-        model: the translation model, in eval mode.
-        rows: the usual number of rows per step (a hint for the weights' layout).
-    """
+    """A copy of `model` in eval mode for decoding steps, sharing its parameters; `rows`: the
+    usual number of rows per step (a hint for the weights' layout)."""
     twin = frozen_copy(model, rows, keep=("encoder", "output"))
     for module in twin.decoder.modules():
         if isinstance(module, MultiHeadAttention):

@@ -1,14 +1,9 @@
 """Dropout whose random masks are cheap to draw on the CPU.
 
-Each 64-bit random word gives four 16-bit integers, where `torch.bernoulli_` draws one number
-per element; an element is dropped when its integer is below a threshold. p is thus rounded to
-a multiple of 1/65536, and kept values are scaled by the exact inverse of the keep probability,
-so the expected output equals the input. On the CPU, for at least `HASHED_MIN` elements where
-torch.compile works, word j is SplitMix64's output at position j of a stream seeded from
-torch's generator: one compiled loop draws and applies the mask on every core, and the backward
-recomputes it from the seed, so only the seed is stored (`_HashedDropout`). Elsewhere the words
-come from torch's generator (`random_`) and the float multiplier is kept for the backward.
-Either way `torch.manual_seed` makes the masks repeatable.
+Each 64-bit random word gives four 16-bit integers, dropped below a threshold (p rounded to a
+multiple of 1/65536). On the CPU, for at least `HASHED_MIN` elements, word j is SplitMix64's
+output j from one seed: a compiled loop draws and applies the mask, and the backward recomputes
+it. Elsewhere the words come from torch's generator.
 """
 
 from __future__ import annotations
@@ -52,8 +47,7 @@ def dropout(x: Tensor, p: float) -> Tensor:
     if _hashed_applies(x):
         out: Tensor = _HashedDropout.apply(x, levels, scale)
         return out
-    # One float multiplier per element, 0 or `scale`: a single multiply each way. The comparison
-    # writes 1.0 or 0.0 straight into x's dtype, cheaper than a bool mask cast afterwards.
+    # One float multiplier per element, 0 or `scale`, written straight into x's dtype.
     kept = torch.ge(_slices(x.shape, x.device), _threshold(p), out=torch.empty_like(x))
     return x * kept.mul_(scale)
 
@@ -92,8 +86,7 @@ def _hashed_applies(x: Tensor) -> bool:
 
 
 class _HashedDropout(torch.autograd.Function):
-    """x * multiplier, the multiplier 0 or `scale` by SplitMix64's words from one seed; the
-    backward multiplies the gradient by the same multipliers, made again from the seed."""
+    """x times 0 or `scale` by SplitMix64's words from one seed, made again in the backward."""
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, levels: int, scale: float) -> Tensor:
@@ -117,8 +110,7 @@ def _hashed(x: Tensor, seed: Tensor, levels: int, scale: float) -> Tensor:
 
 @functools.cache
 def _hashed_kernel() -> Callable[..., Any] | None:
-    """`hashed_dropout` compiled, or None where it cannot be; the example is big enough for
-    inductor to spread the loop over the cores (it decides from the first sizes it sees)."""
+    """`hashed_dropout` compiled, or None where it cannot be."""
     example = torch.zeros(HASHED_MIN)
     return compiled(hashed_dropout, example, torch.tensor(0), 6554, 1.0)
 
@@ -145,7 +137,7 @@ def _shift_right(z: Tensor, bits: int) -> Tensor:
 
 
 class Dropout(nn.Dropout):
-    """`nn.Dropout` with cheaper masks (see the module docstring); identity in eval mode."""
+    """`nn.Dropout` with cheaper masks; identity in eval mode."""
 
     def forward(self, x: Tensor) -> Tensor:
         if not self.training or self.p == 0.0:

@@ -1,11 +1,5 @@
-"""Linear layers frozen for CPU decoding: weights reordered once for oneDNN, used many times.
-
-Decoding multiplies the same weights at every step, and oneDNN streams a weight in its blocked
-layout faster than a row-major one; `torch.compile` does the same to frozen CPU linears, here
-done eagerly (gains in `docs/performance.md`). Where the operators do not apply (a GPU, a dtype
-other than float32 or bf16, bf16 without native CPU support, autocast, autograd, no oneDNN),
-the layer is `linear`. Results match `nn.Linear` up to float rounding (tested).
-"""
+"""Linear layers frozen for CPU decoding: weights reordered once for oneDNN's blocked layout,
+as `torch.compile` does to frozen CPU linears; elsewhere the layer is `linear`."""
 
 from __future__ import annotations
 
@@ -25,15 +19,8 @@ _Module = TypeVar("_Module", bound=nn.Module)
 
 
 class FrozenLinear(nn.Module):
-    """`linear` for inference, its weight reordered for oneDNN where that applies.
-
-    The reordered copy is made at the first call that can use it (never, for a layer used only
-    through its `part`s): make a new layer after the weights change.
-
-    Args:
-        linear: the layer, (out, in) weight.
-        rows: the usual number of rows per call (a hint for the layout).
-    """
+    """`linear` for inference, its weight reordered for oneDNN at the first call that can use
+    it: make a new layer after the weights change. `rows`: the usual rows per call (a hint)."""
 
     def __init__(self, linear: nn.Linear, rows: int) -> None:
         super().__init__()
@@ -52,8 +39,7 @@ class FrozenLinear(nn.Module):
         return self.linear.weight
 
     def forward(self, x: Tensor, relu: bool = False) -> Tensor:
-        """x (..., in) -> (..., out); with `relu`, followed by a ReLU (applied by oneDNN as it
-        writes the product, where the weight is reordered)."""
+        """x (..., in) -> (..., out); with `relu`, followed by a ReLU."""
         if x.is_cpu and not (torch.is_grad_enabled() or torch.is_autocast_enabled("cpu")):
             blocked = self._blocked()
             if blocked is not None and x.dtype == blocked.dtype:
@@ -64,8 +50,7 @@ class FrozenLinear(nn.Module):
         return torch.relu(out) if relu else out
 
     def part(self, start: int, stop: int) -> FrozenLinear:
-        """The layer of output rows [start, stop) of this one (e.g. the query rows of a packed
-        projection), frozen in turn; made once."""
+        """The layer of output rows [start, stop) of this one, frozen in turn; made once."""
         if (start, stop) not in self._parts:
             bias = None if self.bias is None else self.bias[start:stop]
             linear = as_linear(self.weight.detach()[start:stop], bias)  # needs the plain one
@@ -73,10 +58,9 @@ class FrozenLinear(nn.Module):
         return self._parts[start, stop]
 
     def reordered_only(self) -> FrozenLinear:
-        """Reorder the weight now and drop the plain one, so that a layer holding the weight's
-        only copy keeps one layout; returns the layer. Where the weight cannot be reordered the
-        plain one stays; once it is gone, calls that cannot use the reordered copy (autograd,
-        another dtype or device), `weight` and `part` raise RuntimeError."""
+        """Reorder the weight now and drop the plain one (where it can be reordered); returns
+        the layer. Then calls that cannot use the reordered copy, `weight` and `part` raise
+        RuntimeError."""
         if self._blocked() is not None:
             empty = self.linear.weight.detach().new_empty(0, self.linear.in_features)  # (0, in)
             self.linear = as_linear(empty)
@@ -102,16 +86,8 @@ class FrozenLinear(nn.Module):
 
 
 def frozen_copy(module: _Module, rows: int, keep: Collection[str] = ()) -> _Module:
-    """A copy of `module` for decoding in which every `nn.Linear` below it is a `FrozenLinear`.
-
-    The copy shares every parameter, buffer and setting of `module`; only its submodule tree is
-    its own. Weights are reordered at their first use: make a new copy after they change.
-
-    Args:
-        module: e.g. a model's decoder, in eval mode.
-        rows: the usual number of rows per call (a hint for the layout).
-        keep: names of `module`'s children that the copy holds as they are, not frozen.
-    """
+    """A copy of `module` sharing its parameters, buffers and settings, in which every
+    `nn.Linear` below it is a `FrozenLinear`, except under the children named in `keep`."""
     twin = copy.copy(module)  # a new object whose attributes are the module's own
     twin._modules = {
         name: child if name in keep else _frozen(child, rows)
@@ -146,11 +122,9 @@ def _applies(t: Tensor) -> bool:
 
 
 def cpu_bf16_matmuls() -> bool:
-    """Whether this CPU multiplies bf16 matrices natively through oneDNN (AVX512-BF16, AMX).
-
-    oneDNN also takes bf16 products on CPUs that only emulate them (AVX-512 without BF16),
-    slower than float32: the CPU's own flags (`/proc/cpuinfo`) must show the instructions too.
-    """
+    """Whether this CPU multiplies bf16 matrices natively through oneDNN: oneDNN also takes
+    them where it only emulates them, slower than float32, so /proc/cpuinfo must show
+    AVX512-BF16 or AMX-BF16 too."""
     if not (torch.backends.mkldnn.is_available() and _bf16_instructions()):
         return False
     try:  # a private operator: a torch without it has no bf16 products to offer here
@@ -161,7 +135,6 @@ def cpu_bf16_matmuls() -> bool:
 
 @functools.cache
 def _bf16_instructions() -> bool:
-    """Whether /proc/cpuinfo lists AVX512-BF16 or AMX-BF16 (False where it cannot be read)."""
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:

@@ -1,15 +1,6 @@
-"""The feed-forward network's Linear -> ReLU -> dropout as one step each way, for CPU training.
-
-Unfused, the three layers pass over the (M, F) hidden rows three times each way and keep both
-the ReLU's and the dropout's outputs. Here oneDNN applies the ReLU as it writes the product and
-the hashed dropout (`qkv.fast.dropout`) makes one pass over it; the backward is one pass,
-grad * where(out > 0, scale, 0). That is exact: an element is kept and positive exactly where
-the output is positive (a kept one is the ReLU's output times scale > 1; a dropped one is 0, as
-is the ReLU's output where the product is not positive). So only the output, which the second
-linear layer keeps anyway, is stored. Masks and numbers match `Dropout` (one seed per call)
-and the three layers up to float rounding (tested). It applies on a CPU, in float32, with
-oneDNN, for at least `HASHED_MIN` hidden elements and compiled loops allowed (`applies`);
-elsewhere the caller runs the three layers.
+"""The feed-forward network's Linear -> ReLU -> dropout as one step each way, for CPU training:
+oneDNN applies the ReLU, the hashed dropout makes one pass. The backward is grad * where(out >
+0, scale, 0) (kept and positive exactly where the output is), so only the output is stored.
 """
 
 from __future__ import annotations
@@ -38,10 +29,7 @@ def applies(x: Tensor, weight: Tensor, bias: Tensor | None, p: float) -> bool:
 
 
 def linear_relu_dropout(x: Tensor, weight: Tensor, bias: Tensor | None, p: float) -> Tensor:
-    """dropout(relu(x Wᵀ + b), p) for x (..., D), weight (F, D), bias (F,) -> (..., F).
-
-    Only where `applies` holds; otherwise compose `linear`, `relu` and `dropout`.
-    """
+    """dropout(relu(x Wᵀ + b), p) for x (..., D), weight (F, D) -> (..., F), where `applies`."""
     levels = hashed.dropped_levels(p)
     out: Tensor = _LinearReluDropout.apply(x, weight, bias, levels, hashed._scale(levels))
     return out
@@ -54,7 +42,7 @@ class _LinearReluDropout(torch.autograd.Function):
     ) -> Tensor:
         rows = onednn._padded(x.reshape(-1, x.size(-1)))  # (M', D)
         hidden = onednn._product(rows, weight, bias, "relu")  # (M', F)
-        out = _dropout_pass(hidden, levels, scale)  # (M', F)
+        out = hashed._hashed(hidden, hashed._draw_seed(), levels, scale)  # (M', F)
         ctx.save_for_backward(rows, weight, out)
         ctx.has_bias, ctx.shape, ctx.scale = bias is not None, x.shape, scale
         count = x.numel() // x.size(-1)
@@ -66,21 +54,10 @@ class _LinearReluDropout(torch.autograd.Function):
     ) -> tuple[Tensor | None, Tensor | None, Tensor | None, None, None]:
         rows, weight, out = ctx.saved_tensors  # (M', D), (F, D), (M', F)
         padded = onednn._padded(grad.reshape(-1, grad.size(-1)))  # (M', F), zeros below the M rows
-        product_grad = _gradient_pass(padded, out, ctx.scale)  # (M', F)
+        kernel = _mask_kernel()
+        assert kernel is not None  # `applies` checked
+        product_grad = kernel(padded, out, ctx.scale)  # (M', F)
         return *onednn._grads(product_grad, rows, weight, ctx), None, None
-
-
-def _dropout_pass(hidden: Tensor, levels: int, scale: float) -> Tensor:
-    """The ReLU's output (M', F) through the hashed dropout, its seed drawn as `dropout` does."""
-    return hashed._hashed(hidden, hashed._draw_seed(), levels, scale)
-
-
-def _gradient_pass(grad: Tensor, out: Tensor, scale: float) -> Tensor:
-    """The product's gradient (M', F) from the output's, by the compiled `relu_dropout_grad`."""
-    kernel = _mask_kernel()
-    assert kernel is not None  # `applies` checked
-    product_grad: Tensor = kernel(grad, out, scale)
-    return product_grad
 
 
 def relu_dropout_grad(grad: Tensor, out: Tensor, scale: float) -> Tensor:

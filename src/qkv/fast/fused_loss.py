@@ -1,13 +1,6 @@
-"""The label-smoothed cross-entropy of a CPU training step as one compiled loop each way.
-
-`F.cross_entropy` with label smoothing passes over the (M, V) logits several times per step.
-Here inductor makes one loop over the rows each way: the forward reads each row's maximum, sum
-of exponentials, sum and label logit while the row is in cache and keeps only its log-sum-exp;
-the backward writes (softmax - smoothed target) * the loss's gradient in one pass.
-
-Compiling costs seconds once per process, so this applies only where it pays (`applies`): CPU,
-float32, logits that need a gradient, at least `MIN_ELEMENTS` of them, and torch.compile
-working (`qkv.fast.compiled`). Elsewhere `F.cross_entropy` does the work.
+"""The label-smoothed cross-entropy of a CPU training step as one compiled loop each way, where
+it pays for its compiling (`applies`): the forward reads each row of the (M, V) logits once and
+keeps its log-sum-exp, the backward writes (softmax - smoothed target) * grad in one pass.
 """
 
 from __future__ import annotations
@@ -73,9 +66,8 @@ class _FusedLoss(torch.autograd.Function):
 
 
 def _example() -> tuple[Tensor, Tensor, Tensor]:
-    """Logits (64, 2048), labels (64,) and their log-sum-exp (64, 1) to compile on, big enough
-    for inductor to spread the loops over the cores; drawn from a generator of their own so that
-    the global one is left alone (see `qkv.fast.compiled`)."""
+    """Logits (64, 2048), labels (64,) and their log-sum-exp (64, 1) to compile on, from a
+    generator of their own (see `qkv.fast.compiled`)."""
     generator = torch.Generator().manual_seed(0)
     logits = torch.randn(64, 2048, generator=generator)  # (M, V)
     labels = torch.randint(0, 2048, (64,), generator=generator)  # (M,)
@@ -91,7 +83,7 @@ def _forward_kernel() -> Callable[..., Any] | None:
 
 @functools.cache
 def _grad_kernel() -> Callable[..., Any] | None:
-    """`_grad` compiled for any M and V, or None: compiled at the first backward."""
+    """`_grad` compiled for any M and V (at the first backward), or None."""
     return compiled(_grad, *_example(), torch.tensor(1.0), 0.1, 0)
 
 

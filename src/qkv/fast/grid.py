@@ -1,11 +1,5 @@
 """Where packed rows sit for attention: sentences sorted by length, in groups each padded to
-its own longest.
-
-Padding a batch to its longest sentence spends attention's products on padding (B·L² against
-the Σ L_b² the sentences need); groups of similar lengths waste little. A group costs a dozen
-more calls, so a cut is made only where it saves more than `GROUP_COST`. For cross-attention
-the keys' `Layout` follows the queries' `Grouping`, so a group holds the same sentences on
-both sides.
+its own longest. For cross-attention the keys' `Layout` follows the queries' `Grouping`.
 """
 
 from __future__ import annotations
@@ -26,11 +20,9 @@ T = TypeVar("T")
 
 
 def derived(store: dict[object, object], make: Callable[[], T], *keys: object) -> T:
-    """`make()` once per `store` (a batch's `Packing.derived` or `Layout.derived`) and `keys`.
-
-    Numbers, strings and dtypes are keys by value, other objects by identity; the entry holds
-    them, so that no id in a key is reused for another object while the entry is kept.
-    """
+    """`make()` once per `store` (a batch's `Packing.derived` or `Layout.derived`) and `keys`:
+    numbers, strings and dtypes by value, other objects by identity (the entry holds them, so
+    that their ids are not reused)."""
     key = tuple(k if isinstance(k, int | str | torch.dtype) else id(k) for k in keys)
     if key not in store:
         store[key] = (keys, make())
@@ -41,50 +33,33 @@ def derived(store: dict[object, object], make: Callable[[], T], *keys: object) -
 
 @dataclass(frozen=True)
 class Grouping:
-    """Sentences sorted by length, longest first, cut into groups.
+    """Sentences sorted by length, longest first, cut into groups."""
 
-    Attributes:
-        order: (B,) long, the sentences in that order.
-        bounds: (first, end) positions in `order` of each group.
-    """
-
-    order: Tensor
-    bounds: list[tuple[int, int]]
+    order: Tensor  # (B,) long, the sentences in that order
+    bounds: list[tuple[int, int]]  # (first, end) positions in `order` of each group
 
 
 @dataclass(frozen=True)
 class Layout:
-    """Where one side's real rows sit in a grouped grid.
-
-    Group g holds B_g sentences padded to L_g positions, B_g · L_g slots from `starts[g]`. A
-    grid of P = parts × heads head-parts is (P · total, K) rows, group by group and within a
-    group head-part by head-part, so a group's block views as (parts, heads · B_g, L_g, K).
-
-    Attributes:
-        groups: the grouping it follows.
-        sizes: B_g of each group. lengths: L_g. starts: the first slot of each group.
-        total: the slots of one head-part.
-        sentences: (B_g,) long of each group, its sentences (for the mask).
-        base, span, local: (M,) long each, of each real row: its group's start and B_g · L_g,
-            and its slot in the group (sentence in group × L_g + position).
-        derived: what is computed from the layout once for all of a batch's layers (indexes,
-            the groups' masks; `derived`).
+    """Where one side's real rows sit in a grid of (parts · heads · total, K) rows: group g,
+    B_g sentences padded to L_g positions, starts at slot `starts[g]`, its block viewing as
+    (parts, heads · B_g, L_g, K). `base`, `span` and `local` (M,) long give each real row its
+    group's start and B_g · L_g, and its slot in the group (sentence in group × L_g + position).
     """
 
-    groups: Grouping
-    sizes: list[int]
-    lengths: list[int]
+    sizes: list[int]  # B_g
+    lengths: list[int]  # L_g
     starts: list[int]
-    total: int
-    sentences: list[Tensor]
+    total: int  # the slots of one head-part
+    sentences: list[Tensor]  # (B_g,) long, each group's sentences
     base: Tensor
     span: Tensor
     local: Tensor
     derived: dict[object, object] = field(default_factory=dict, compare=False, repr=False)
 
     def index(self, parts: int) -> Tensor:
-        """(M · parts,) long: the grid row of each real row's head-parts, row by row, in the
-        order of a (M, parts, K) view of the rows (made once per number of parts)."""
+        """(M · parts,) long: the grid row of each real row's head-parts, in the order of a
+        (M, parts, K) view of the rows."""
 
         def make() -> Tensor:
             offsets = torch.arange(parts, device=self.base.device)  # (parts,)
@@ -119,8 +94,7 @@ def layout(rows: Packing, groups: Grouping) -> Layout:
 
 
 def sentence_extents(rows: Packing) -> Tensor:
-    """(B,) long: 1 + the last real position of each sentence, 0 for an empty one (computed
-    once per packing)."""
+    """(B,) long: 1 + the last real position of each sentence, 0 for an empty one."""
 
     def make() -> Tensor:
         real = rows.index[: rows.count]  # (M,)
@@ -132,11 +106,9 @@ def sentence_extents(rows: Packing) -> Tensor:
 
 
 def cut(lengths: list[int]) -> list[tuple[int, int]]:
-    """Groups of consecutive sentences, lengths sorted longest first: bounds (first, end).
-
-    Starting from one group, the cut that saves the most score entries (B_g · L_g²) is made
-    while it saves more than `GROUP_COST`, up to `MAX_GROUPS` groups.
-    """
+    """Groups (first, end) of sentences of `lengths`, longest first: from one group, the cut
+    saving the most score entries (B_g · L_g²) is made while it saves more than `GROUP_COST`,
+    up to `MAX_GROUPS` groups."""
     lengths = [max(n, 1) for n in lengths]
 
     def cost(first: int, end: int) -> int:
@@ -166,38 +138,21 @@ def cut(lengths: list[int]) -> list[tuple[int, int]]:
 
 def _layout(rows: Packing, groups: Grouping) -> Layout:
     extents = sentence_extents(rows)  # (B,)
-    device = extents.device
+    # Per sentence: its group's start and span, and the slot of its first position in the group.
+    base, span, offset = (torch.empty_like(extents) for _ in range(3))  # (B,) each
     sizes, lengths, starts, sentences = [], [], [], []
     start = 0
     for first, end in groups.bounds:
         members = groups.order[first:end]  # (B_g,)
-        length = max(int(extents[members].max()), 1)
-        sizes.append(end - first)
+        size, length = end - first, max(int(extents[members].max()), 1)
+        base[members], span[members] = start, size * length
+        offset[members] = torch.arange(size, device=extents.device) * length
+        sizes.append(size)
         lengths.append(length)
         starts.append(start)
         sentences.append(members)
-        start += (end - first) * length
-    # Per sentence: its group, its place in the group.
-    rank = torch.empty_like(groups.order)
-    rank[groups.order] = torch.arange(len(groups.order), device=device)  # (B,)
-    firsts = torch.tensor([first for first, _ in groups.bounds], device=device)  # (G,)
-    group = torch.bucketize(rank, firsts, right=True) - 1  # (B,)
-    starts_t = torch.tensor(starts, device=device)  # (G,)
-    spans_t = torch.tensor([b * n for b, n in zip(sizes, lengths, strict=True)], device=device)
-    lengths_t = torch.tensor(lengths, device=device)  # (G,)
-
+        start += size * length
     real = rows.index[: rows.count]  # (M,)
     sentence, position = real // rows.length, real % rows.length  # (M,) each
-    row_group = group[sentence]  # (M,)
-    local = (rank[sentence] - firsts[row_group]) * lengths_t[row_group] + position  # (M,)
-    return Layout(
-        groups,
-        sizes,
-        lengths,
-        starts,
-        start,
-        sentences,
-        starts_t[row_group],
-        spans_t[row_group],
-        local,
-    )
+    local = offset[sentence] + position
+    return Layout(sizes, lengths, starts, start, sentences, base[sentence], span[sentence], local)

@@ -1,11 +1,5 @@
-"""Linear layers whose float32 products go to oneDNN on the CPU, forward and backward.
-
-`F.linear`'s BLAS (MKL) leaves the widest vector units unused on some CPUs (AMD's, where it
-takes its AVX2 code); oneDNN, which torch also ships, uses them (gain in `docs/performance.md`).
-All three products of a training step run there (x Wᵀ + b, g W, and gᵀ x in `_weight_grad`),
-over row counts rounded up to a few shapes (`_padded`), matching `F.linear` up to float
-rounding (tested). Elsewhere (a GPU, another dtype, autocast, no oneDNN, an empty batch)
-`linear` is `F.linear`.
+"""Linear layers whose float32 CPU products go to oneDNN, forward and backward: `F.linear`'s MKL
+takes its AVX2 code on AMD CPUs. Row counts are rounded up to a few shapes (`_padded`).
 """
 
 from __future__ import annotations
@@ -53,18 +47,12 @@ class _OneDNNLinear(torch.autograd.Function):
 def _grads(
     grad: Tensor, inputs: Tensor, weight: Tensor, ctx: Any
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-    """The gradients of a product's input, weight and bias, those `ctx` asks for.
-
-    Args:
-        grad: the product's gradient at the padded rows (M', out), zeros below the M real ones.
-        inputs: the padded rows the forward multiplied (M', in); weight: (out, in).
-        ctx: an autograd context with `needs_input_grad` (input, weight, bias first), `shape`
-            (the input's) and `has_bias`.
-    """
+    """The gradients of input, weight and bias that `ctx` asks for, from the product's gradient
+    (M', out), zeros below the M real rows, and the padded inputs (M', in)."""
     grad_x = grad_w = grad_b = None
     if ctx.needs_input_grad[0]:
         count = ctx.shape.numel() // ctx.shape[-1]
-        grad_x = _product(grad, _as_input_grad_weight(weight))[:count].view(ctx.shape)
+        grad_x = _product(grad, weight.t())[:count].view(ctx.shape)
     if ctx.needs_input_grad[1]:
         grad_w = _weight_grad(grad, inputs)  # (out, in)
     if ctx.has_bias and ctx.needs_input_grad[2]:
@@ -72,42 +60,28 @@ def _grads(
     return grad_x, grad_w, grad_b
 
 
-def _as_input_grad_weight(weight: Tensor) -> Tensor:
-    """weight (out, in) -> its transpose (in, out), oneDNN's weight operand for g W (a view)."""
-    return weight.t()
-
-
 def _weight_grad(grad: Tensor, inputs: Tensor) -> Tensor:
-    """grad (M, out), inputs (M, in) -> gradᵀ inputs (out, in).
-
-    oneDNN reads its weight operand (n, k) at full speed in either layout, so one factor goes in
-    as a transposed view; a wide source operand (m, k) it reads slowly when transposed, so the
-    narrower factor is copied into the (·, M) layout. When that is `inputs`, the product comes
-    out as (in, out) and is transposed back.
-    """
+    """grad (M, out), inputs (M, in) -> gradᵀ inputs (out, in); the narrower factor is copied
+    as the source: oneDNN reads a transposed weight operand fast, a transposed source slowly."""
     if grad.size(1) > inputs.size(1):
         return _product(inputs.t().contiguous(), grad.t()).t().contiguous()  # (out, in)
     return _product(grad.t().contiguous(), inputs.t())  # (out, in)
 
 
-STEPS_PER_DOUBLING = 16
-"""How many row counts `padded_rows` keeps per doubling: at most 1/16 more rows, zeros."""
+STEPS_PER_DOUBLING = 16  # row counts `padded_rows` keeps per doubling: at most 1/16 more
 
 
 def padded_rows(count: int) -> int:
-    """count rounded up to one of `STEPS_PER_DOUBLING` steps per doubling, a multiple of 8.
-
-    oneDNN makes and keeps a kernel and buffers for each new shape, and packed training batches
-    bring a new row count at every step: rounded up, the shapes repeat and memory stays bounded.
-    """
+    """count rounded up to one of `STEPS_PER_DOUBLING` steps per doubling, a multiple of 8:
+    oneDNN keeps a kernel and buffers for each new shape, so the shapes must repeat."""
     doubling = 1 << max(count.bit_length() - 1, 0)  # the power of 2 at or below count
     step = max(8, doubling // STEPS_PER_DOUBLING)
     return -(-count // step) * step
 
 
 def _padded(rows: Tensor) -> Tensor:
-    """rows (M, k) -> (M', k), zeros below the M rows, M' = `padded_rows(M)`; contiguous rows
-    that number M' already are returned uncopied (`nonpad_logits` hands in such rows)."""
+    """rows (M, k) -> (M', k), zeros below the M rows, M' = `padded_rows(M)` (uncopied where
+    contiguous rows number M' already)."""
     count = len(rows)
     target = padded_rows(count)
     if target == count and rows.is_contiguous():
@@ -121,8 +95,8 @@ def _padded(rows: Tensor) -> Tensor:
 def _product(
     x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: str = "none"
 ) -> Tensor:
-    """x (m, k) times weight (n, k) transposed, plus bias (n,), in oneDNN -> (m, n); with
-    `activation` "relu", the ReLU applied as the product is written."""
+    """x (m, k) Wᵀ + b in oneDNN -> (m, n), for weight (n, k); `activation` "relu" applies a
+    ReLU as it writes the product."""
     out: Tensor = torch.ops.mkldnn._linear_pointwise(x, weight, bias, activation, [], "")
     return out
 
@@ -136,15 +110,13 @@ def applies(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
         and (bias is None or bias.dtype == torch.float32)
         and x.dim() >= 2
         and x.numel() > 0
-        and torch.backends.mkldnn.is_available()
         and not torch.is_autocast_enabled("cpu")
     )
 
 
 @functools.cache
 def onednn_available() -> bool:
-    """Whether this torch has oneDNN's private `_linear_pointwise` operator and it multiplies
-    right, checked once on a small product against `F.linear`."""
+    """Whether oneDNN's private `_linear_pointwise` operator is there and multiplies right."""
     if not torch.backends.mkldnn.is_available():
         return False
     try:

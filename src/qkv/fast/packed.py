@@ -1,11 +1,5 @@
-"""The encoder and decoder run on the real tokens only, skipping the padding.
-
-Position-wise operations (projections, feed-forward network, layer norms, dropout, residuals)
-treat each position alone, so they run on a batch's M real tokens as (M, D) rows (`packing.py`);
-attention, which needs the sentences apart, goes through `packed_attention` or, where that does
-not apply, `F.scaled_dot_product_attention` on the rows put back in place. The numbers are the
-reference modules' (tested). Attention maps, cached decoding and `packed=False` take the
-reference path.
+"""The encoder and decoder run on the M real tokens only, as (M, D) rows; attention maps, cached
+decoding and `packed=False` take the reference path.
 """
 
 from __future__ import annotations
@@ -69,12 +63,10 @@ class PackedDecoder(Decoder):
         rows = Packing.from_mask(ids != self.pad_id, round_rows=on_cpu)
         source_real = cross_mask.expand(batch, 1, 1, source_length)[:, 0, 0]  # (B, S)
         memory_rows = Packing.from_mask(source_real, round_rows=on_cpu)
-        packed_memory = memory_rows.pack(memory)  # (M', D)
+        memory = memory_rows.pack(memory)  # (M', D)
         x = embed(self.embeddings, ids, rows)  # (M, D)
         for layer in cast(Iterable[DecoderLayer], self.layers):
-            x = decoder_layer(
-                layer, x, packed_memory, self_mask, cross_mask, rows, memory_rows
-            )  # (M, D)
+            x = decoder_layer(layer, x, memory, self_mask, cross_mask, rows, memory_rows)
         return rows.unpack(self.final_norm(x)), [], []  # (B, T, D)
 
 

@@ -1,13 +1,7 @@
-"""Attention from packed rows to packed rows for short sentences, its backward written out.
+"""Attention from packed rows to packed rows for short CPU float32 sentences, without dropout.
 
-Autograd's path copies packed (M, D) rows into a padded layout and q, k, v into head-major
-order, and back, each way. Here the rows go into a grid in one scatter and come back in one
-gather; the grid holds sentences sorted by length in groups padded only to their own longest
-(`qkv.fast.grid`), heads before sentences, so each group is one batch of products with no
-permutation copied. Scale and mask go inside the first product (`baddbmm`); the backward is
-the softmax's and four batched products written straight into the gradient grid. It serves
-CPU float32 sentences of up to `SHORT` tokens without attention dropout, where unfused
-products are faster, and gives autograd's numbers (tested, forward and backward).
+The rows go into a grid (`qkv.fast.grid`) in one scatter and come back in one gather, with no
+padded or head-major copy; each group is one batch of products; the backward is written out.
 """
 
 from __future__ import annotations
@@ -21,25 +15,19 @@ from torch import Tensor
 from qkv.fast.grid import Layout, derived, grouping, layout
 from qkv.fast.packing import Packing
 
-# Up to this many queries and keys, unfused products are faster on a CPU.
-SHORT = 128
+SHORT = 128  # up to this many queries and keys, unfused products are faster on a CPU
 MASKED = -1e9  # added to the scores of masked keys: exp() of it is 0 beside any real score
 
 
-def unfused_applies(x: Tensor, longest: int) -> bool:
-    """Whether two products and a softmax beat the fused kernel for x's attention: CPU,
-    float32, no autocast, at most `SHORT` queries and keys (`longest`: max(T, S))."""
+def packed_attention_applies(queries: Tensor, dropout_p: float, longest: int) -> bool:
+    """Whether `packed_attention` serves these rows; `longest`: max(T, S)."""
     return (
-        x.device.type == "cpu"
-        and x.dtype == torch.float32
+        dropout_p == 0.0
+        and queries.device.type == "cpu"
+        and queries.dtype == torch.float32
         and not torch.is_autocast_enabled("cpu")
         and longest <= SHORT
     )
-
-
-def packed_attention_applies(queries: Tensor, dropout_p: float, longest: int) -> bool:
-    """Whether `packed_attention` serves these rows: `unfused_applies`, without dropout."""
-    return dropout_p == 0.0 and unfused_applies(queries, longest)
 
 
 def packed_attention(
@@ -50,22 +38,9 @@ def packed_attention(
     memory_rows: Packing,
     heads: int,
 ) -> Tensor:
-    """softmax(Q K^T / sqrt(K)) V in `heads` heads, from and to packed rows.
-
-    Args:
-        queries: (M'_q, 3D), the packed [q; k; v] projections of self-attention when
-            `keys_values` is None; else (M'_q, D), the queries alone.
-        keys_values: (M'_k, 2D), the packed [k; v] projections of cross-attention, or None.
-        mask: bool, True = may attend, broadcastable to (B, H, T, S), or None. It must leave
-            out the padding keys, as the model's masks do: a group holds no padding beyond
-            its own longest sentence.
-        query_rows, memory_rows: where the rows sit in their (B, T) and (B, S) batches (the
-            same for self-attention).
-
-    Returns:
-        (M'_q, D), the context of each query row before the output projection; zeros in the
-        filler rows, and in rows with nothing to attend to.
-    """
+    """softmax(Q K^T / sqrt(K)) V from and to packed rows -> (M'_q, D), zeros in rows with no
+    key. `queries`: [q; k; v] (M'_q, 3D), or with `keys_values` [k; v] (M'_k, 2D), q (M'_q, D).
+    `mask` (True = may attend, broadcastable to (B, H, T, S)) must leave out padding keys."""
     groups = grouping(query_rows)
     query_layout = layout(query_rows, groups)
     key_layout = query_layout if keys_values is None else layout(memory_rows, groups)
@@ -87,7 +62,7 @@ def _group_masks(
     heads: int,
     dtype: torch.dtype,
 ) -> GroupMasks:
-    """Every group's `_group_mask`, made once for all the layers that pass the same mask."""
+    """Every group's `_group_mask`, made once for all the layers."""
 
     def make() -> GroupMasks:
         return [
@@ -178,18 +153,15 @@ class _PackedAttention(torch.autograd.Function):
             grad_scores = _softmax_grad(grad_weights, weights_g, scale)  # (HB_g, T_g, S_g)
             torch.bmm(grad_scores, k, out=grad_q)  # (HB_g, T_g, K)
             torch.bmm(grad_scores.transpose(1, 2), q, out=grad_k)  # (HB_g, S_g, K)
+        grad_in: tuple[Tensor | None, ...]
         if n_grids == 1:
-            grad_queries = _from_grid(grads[0], query_layout, query_count, 3 * heads)
-            return grad_queries, None, None, None, None, None, None
-        return (
-            _from_grid(grads[0], query_layout, query_count, heads),
-            _from_grid(grads[1], key_layout, memory_count, 2 * heads),
-            None,
-            None,
-            None,
-            None,
-            None,
-        )
+            grad_in = _from_grid(grads[0], query_layout, query_count, 3 * heads), None
+        else:
+            grad_in = (
+                _from_grid(grads[0], query_layout, query_count, heads),
+                _from_grid(grads[1], key_layout, memory_count, 2 * heads),
+            )
+        return *grad_in, None, None, None, None, None
 
 
 def _group(
@@ -199,8 +171,7 @@ def _group(
     group: int,
     heads: int,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """q (H · B_g, T_g, K), k and v (H · B_g, S_g, K): views of one group's block of the
-    [q; k; v] grid, or of the q grid and the [k; v] grid."""
+    """q (H · B_g, T_g, K), k and v (H · B_g, S_g, K): views of one group's block."""
     if len(grids) == 1:
         q, k, v = query_layout.block(grids[0], group, 3, heads).unbind(0)
         return q, k, v
@@ -209,8 +180,7 @@ def _group(
 
 
 def _to_grid(rows: Tensor, layout: Layout, parts: int) -> Tensor:
-    """rows (M', parts · K) -> grid (parts · total, K): each real row's head-parts in their
-    slots (`Layout`), zeros at the padding. One scatter of (M · parts) rows of K."""
+    """rows (M', parts · K) -> grid (parts · total, K), zeros at the padding."""
     count = len(layout.local)
     head_dim = rows.size(1) // parts
     grid = rows.new_zeros(parts * layout.total, head_dim)
@@ -219,8 +189,7 @@ def _to_grid(rows: Tensor, layout: Layout, parts: int) -> Tensor:
 
 
 def _from_grid(grid: Tensor, layout: Layout, n_rows: int, parts: int) -> Tensor:
-    """grid (parts · total, K) -> rows (n_rows, parts · K), the inverse of `_to_grid`;
-    zeros in the filler rows beyond the real ones."""
+    """grid (parts · total, K) -> rows (n_rows, parts · K), zeros in the filler rows."""
     count = len(layout.local)
     out = grid.new_empty(n_rows, parts * grid.size(1))  # (M', parts · K)
     torch.index_select(grid, 0, layout.index(parts), out=out[:count].view(-1, grid.size(1)))
@@ -229,6 +198,5 @@ def _from_grid(grid: Tensor, layout: Layout, n_rows: int, parts: int) -> Tensor:
 
 
 def _softmax_grad(grad: Tensor, weights: Tensor, scale: float) -> Tensor:
-    """The gradient of softmax's input, times `scale`, from its output's `grad` and its output
-    `weights` (..., S): scale · weights ⊙ (grad − Σ_s grad ⊙ weights)."""
+    """softmax's input gradient times scale: scale · weights ⊙ (grad − Σ_s grad ⊙ weights)."""
     return weights * (grad - (grad * weights).sum(-1, keepdim=True)) * scale

@@ -1,11 +1,5 @@
-"""The real tokens of a padded batch as rows, so that position-wise work skips the padding.
-
-Position-wise operations run on a batch's M real tokens as (M, D) rows; attention alone needs
-the padded (B, L, ...) layout, which `unpack` restores and `pack` leaves again. On a CPU the
-rows are rounded up to the counts that qkv's linear layers multiply
-(`qkv.fast.linear.padded_rows`): M' >= M rows, the last M' - M copies of the first real token.
-No real row reads them (`unpack` leaves them out), so their gradients are zero, and no linear
-layer has to copy its rows into a longer matrix.
+"""The real tokens of a padded batch as rows. On a CPU the M rows are rounded up to M' rows that
+the linear layers multiply uncopied (`padded_rows`), the fillers copies of the first token.
 """
 
 from __future__ import annotations
@@ -20,22 +14,13 @@ from qkv.fast.linear import padded_rows
 
 @dataclass(frozen=True)
 class Packing:
-    """Where the real tokens of a (B, L) batch sit.
+    """Where the real tokens of a (B, L) batch sit."""
 
-    Attributes:
-        index: (M',) long, flat position b * L + l of each row, in row-major order: the M real
-            tokens, then M' - M repeats of the first (filler rows).
-        batch: B.
-        length: L.
-        count: M, the real tokens.
-        derived: what is computed once per batch for all its layers (attention's grouped
-            layouts, `qkv.fast.grid`).
-    """
-
-    index: Tensor
-    batch: int
-    length: int
-    count: int
+    index: Tensor  # (M',) long, flat position b * L + l of each real token, then the fillers
+    batch: int  # B
+    length: int  # L
+    count: int  # M, the real tokens
+    # computed once per batch for all its layers (attention's layouts, `qkv.fast.grid`)
     derived: dict[object, object] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod

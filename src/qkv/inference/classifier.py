@@ -50,13 +50,8 @@ class Classifier:
 
     @torch.no_grad()
     def probabilities(self, texts: list[str], max_tokens: int = 16384) -> torch.Tensor:
-        """Class probabilities (len(texts), C), in input order.
-
-        Raises:
-            TypeError: if `texts` is a single string, or holds something else than strings.
-            ConfigError: if a text has no tokens once cleaned (nothing but spaces, line breaks
-                and invisible characters).
-        """
+        """Class probabilities (len(texts), C), in input order. Raises TypeError unless `texts`
+        is a list of strings, ConfigError if a text has no tokens once cleaned."""
         texts = texts_list(texts, "texts")
         ids = encode_texts(self.tokenizer, texts, self.data)
         empty = next(

@@ -1,50 +1,129 @@
-"""Decoding steps at fixed shapes, recorded once as a CUDA graph and replayed.
+"""Decoding steps at fixed shapes, recorded once as a CUDA graph and replayed: on a GPU,
+launching a small model's kernels from Python takes longer than running them.
 
-On a GPU, a decoding step of a small model is a few hundred kernels of a few microseconds each,
-and launching them from Python takes longer than running them: the GPU waits for the host.
-A CUDA graph records the kernels of one step once and replays them with a single launch. A
-graph replays the same kernels on the same memory, so everything a step reads must keep its
-shape and address from step to step:
-
-- the rows: R = B * W of them from the start (W the beam width), whether or not in use;
-- the self-attention cache: every step attends to all T_max positions, those not yet decoded
-  masked out, and writes its keys and values at a position held in a tensor;
-- the cross-attention keys and values: one copy per row (`StaticDecoderCache`).
-
-The search loops of `search.py` and `beam.py` work with it as they are: they feed the N rows in
-use, read their logits and call `select`, which moves rows between the fixed buffers. Rows
-beyond N are computed for nothing; on a GPU that costs less than a launch. The searches are
-the same functions on every device: only the model's step is recorded.
-
-Shapes follow the package alphabet (see `qkv.model`): B batch, N rows in use, R rows in all,
-V vocabulary size.
+A graph replays the same kernels on the same memory, so a step reads R = B * W rows, all T_max
+positions of the self-attention cache (masked) and a copy of the cross-attention keys and
+values per row. The searches run between replays; `select` moves rows between the buffers.
+Shapes: B batch, N rows in use, R rows in all, V vocabulary, H heads, K head size, S source.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 from torch import Tensor
 
 from qkv.fast.graphs import record
-from qkv.fast.static_cache import init_static_cache, static_step
 from qkv.inference.incremental import DecodingWeights, ModelDecoder
 from qkv.inference.search import IncrementalDecoder
+from qkv.model.kv_cache import SourceKV, move_rows
+from qkv.model.layers import DecoderLayer
 from qkv.model.seq2seq import Seq2SeqTransformer
 
 
-class StaticDecoder:
-    """The search functions' decoder over a `StaticDecoderCache`, one graph replay per step.
+class StaticKVCache:
+    """Keys and values (R, H, T_max, K) of one self-attention layer, written at `position`
+    (1,) long, shared by all layers. Unwritten positions hold zeros, masked out."""
 
-    Args:
-        model: the translation model, in eval mode.
-        src_ids: source ids (B, S).
-        max_steps: the most tokens any row will be fed (BOS included), at most the model's
-            max_len.
-        rows: R, the most rows the search will hold at once (B * beam width), at least B.
-        graph: replay the step as a CUDA graph, recorded at the first `step`; None: on a
-            CUDA device only. Without a graph the same fixed-shape step runs eagerly (same
-            numbers).
-    """
+    def __init__(self, shape: tuple[int, ...], position: Tensor, dtype: torch.dtype) -> None:
+        self.keys = torch.zeros(shape, dtype=dtype, device=position.device)
+        self.values = torch.zeros_like(self.keys)
+        self.position = position
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store the step's keys/values (R, H, 1, K) at `position`; return all (R, H, T_max, K)."""
+        self.keys.index_copy_(2, self.position, k.to(self.keys.dtype))
+        self.values.index_copy_(2, self.position, v.to(self.values.dtype))
+        return self.keys, self.values
+
+
+@dataclass
+class StaticDecoderCache:
+    """Everything a decoding step reads, at fixed shapes: per decoder layer a `StaticKVCache`
+    and cross keys and values (R, H, S, K); `length` counts the steps decoded, on the host."""
+
+    self_attn: list[StaticKVCache]
+    cross_keys: list[Tensor]
+    cross_values: list[Tensor]
+    src_mask: Tensor
+    position: Tensor
+    length: int = 0
+    steps: Tensor = field(init=False, repr=False)  # (T_max,) 0, 1, ..., made once
+
+    def __post_init__(self) -> None:
+        self.steps = torch.arange(self.capacity, device=self.position.device)
+
+    @property
+    def capacity(self) -> int:
+        return self.self_attn[0].keys.size(2)
+
+    @property
+    def rows(self) -> int:
+        return self.src_mask.size(0)
+
+    def self_mask(self) -> Tensor:
+        """(1, 1, 1, T_max) bool: the positions written so far, this step's included."""
+        return (self.steps <= self.position).view(1, 1, 1, -1)
+
+    def select(self, rows: Tensor) -> None:
+        """Keep and reorder rows: new row i = old row rows[i] (rows (N',) long, N' <= R)."""
+        if rows.numel() > self.rows:
+            raise RuntimeError(f"{rows.numel()} rows asked of a cache made for {self.rows}")
+        filled = [
+            buffer[:, :, : self.length]
+            for cache in self.self_attn
+            for buffer in (cache.keys, cache.values)
+        ]  # (R, H, length, K) each
+        move_rows([*filled, *self.cross_keys, *self.cross_values, self.src_mask], rows)
+
+
+def init_static_cache(
+    model: Seq2SeqTransformer, memory: Tensor, src_mask: Tensor, max_len: int, rows: int
+) -> StaticDecoderCache:
+    """A fixed-shape cache for `rows` rows (>= B) decoding up to `max_len` steps from memory
+    (B, S, D): row i < B decodes source i, the rows beyond hold copies of source 0 until
+    `select` fills them."""
+    c = model.config
+    batch, device = memory.size(0), memory.device
+    if rows < batch:
+        raise ValueError(f"a static cache needs rows >= batch, got {rows} < {batch}")
+    if max_len > c.max_len:
+        raise ValueError(f"{max_len} decoding steps exceed the model's max_len ({c.max_len})")
+    fill = torch.cat([torch.arange(batch), torch.zeros(rows - batch, dtype=torch.long)])
+    fill = fill.to(device)  # (R,) the source of each row
+    position = torch.zeros(1, dtype=torch.long, device=device)  # (1,)
+    layers = cast(Iterable[DecoderLayer], model.decoder.layers)
+    cross = [layer.cross_attn.project_kv(memory) for layer in layers]  # (B, H, S, K) each
+    shape = (rows, c.n_heads, max_len, c.d_model // c.n_heads)
+    return StaticDecoderCache(
+        self_attn=[StaticKVCache(shape, position, memory.dtype) for _ in cross],
+        cross_keys=[k.contiguous()[fill] for k, _ in cross],  # (R, H, S, K)
+        cross_values=[v.contiguous()[fill] for _, v in cross],  # (R, H, S, K)
+        src_mask=src_mask[fill],  # (R, 1, 1, S)
+        position=position,
+    )
+
+
+def static_step(model: Seq2SeqTransformer, tokens: Tensor, cache: StaticDecoderCache) -> Tensor:
+    """tokens (R,) fed at `cache.position` -> next-token logits (R, V): the reference
+    decoder's layers over the fixed-shape cache, nothing read on the host."""
+    decoder, embeddings = model.decoder, model.decoder.embeddings
+    position = embeddings.positions(cache.capacity).index_select(0, cache.position)  # (1, D)
+    x = embeddings.dropout(embeddings.token(tokens[:, None]) + position)  # (R, 1, D)
+    self_mask = cache.self_mask()  # (1, 1, 1, T_max)
+    layers = zip(decoder.layers, cache.self_attn, cache.cross_keys, cache.cross_values, strict=True)
+    for layer, grown, keys, values in layers:
+        x, _, _ = layer(x, x, self_mask, cache.src_mask, cache=(grown, SourceKV(keys, values)))
+    return model.output(decoder.final_norm(x)[:, 0])  # (R, V)
+
+
+class StaticDecoder:
+    """The search functions' decoder over a `StaticDecoderCache` of `rows` rows and
+    `max_steps` steps, one graph replay per step: with `graph` (None: on a CUDA device), the
+    step is recorded at the first `step`; without, it runs eagerly (same numbers)."""
 
     def __init__(
         self,
@@ -62,20 +141,12 @@ class StaticDecoder:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits = torch.empty(0)  # (R, V) where the graph leaves its output
 
-    @property
-    def rows(self) -> int:
-        """R, the rows computed at every step."""
-        return self.tokens.numel()
-
     def compute(self) -> Tensor:
-        """The fixed-shape step itself: next-token logits (R, V) in float32 of every row, fed
-        `tokens` at `cache.position`. Nothing here waits for the device or moves the host's
-        count, so it can be recorded as a graph."""
+        """The fixed-shape step, recordable as a graph: float32 logits (R, V) of `tokens`."""
         return static_step(self.model, self.tokens, self.cache).float()  # (R, V)
 
     def step(self, tokens: Tensor) -> Tensor:
-        """tokens (N,) -> next-token logits (N, V), in float32. With a graph, the first call
-        records `compute` and every call replays it."""
+        """tokens (N,) -> next-token logits (N, V), in float32."""
         count, cache = tokens.numel(), self.cache
         if cache.length >= cache.capacity:
             raise RuntimeError(f"decoder full: {cache.capacity} steps were allowed")
@@ -92,8 +163,7 @@ class StaticDecoder:
         return logits
 
     def select(self, rows: Tensor, held: Tensor | None = None) -> None:
-        """Keep and reorder rows: new row i = old row rows[i] (at most R rows); `held` is not
-        used."""
+        """Keep and reorder rows: new row i = old row rows[i] (at most R rows)."""
         self.cache.select(rows)
 
 
@@ -105,16 +175,8 @@ def make_decoder(
     cuda_graphs: bool = True,
     weights: DecodingWeights | None = None,
 ) -> IncrementalDecoder:
-    """The fastest decoder for the device: CUDA graphs on a GPU, `ModelDecoder` elsewhere.
-
-    Args:
-        model: the translation model, in eval mode.
-        src_ids: source ids (B, S).
-        max_steps: the most tokens any row will be fed (BOS included).
-        rows: the most rows the search will hold at once (B * beam width).
-        cuda_graphs: False decodes eagerly on a GPU too.
-        weights: the model's `DecodingWeights`, shared by the `ModelDecoder`s of many batches.
-    """
+    """The fastest decoder for the device: a `StaticDecoder` on a GPU (unless `cuda_graphs`
+    is False), else a `ModelDecoder` sharing the frozen `weights`."""
     if cuda_graphs and src_ids.device.type == "cuda":
         return StaticDecoder(model, src_ids, max_steps, rows)
     return ModelDecoder(model, src_ids, max_steps, weights=weights)

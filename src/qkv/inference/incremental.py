@@ -13,17 +13,9 @@ from qkv.model.seq2seq import Seq2SeqTransformer
 
 
 class DecodingWeights:
-    """A model whose decoder is frozen for decoding (`frozen_for_decoding`; `OutputLayer`: its
-    output layer), made once for the `ModelDecoder`s of many batches.
-
-    Reordering the weights costs about as much as a decoding step, so it is redone only when
-    a weight changes: trained or loaded in place, cast, moved or replaced (not through
-    `tensor.data`, which autograd does not see), and at every call for inference tensors.
-    Workers (`workers.py`) share them: one makes them while the others wait.
-
-    Args:
-        model: the translation model, in eval mode.
-    """
+    """A model whose decoder and output layer are frozen for decoding, made once for the
+    `ModelDecoder`s of many batches (and workers) and again when a weight changes (except
+    through `tensor.data`; at every call for inference tensors)."""
 
     def __init__(self, model: Seq2SeqTransformer) -> None:
         self.model = model
@@ -31,41 +23,22 @@ class DecodingWeights:
         self._making = threading.Lock()
 
     def frozen(self, rows: int) -> tuple[Seq2SeqTransformer, OutputLayer]:
-        """The model with its decoder frozen (sharing the model's parameters) and the frozen
-        output layer; `rows`, the usual number of rows per step, is a hint for the layout of
-        the weights when they are made."""
+        """The model with its decoder frozen and the frozen output layer; `rows`, the usual
+        number of rows per step, is a hint for the weights' layout."""
         with self._making:
-            stamp = self._stamp()
+            # what changes when a weight does (never equal without version counters)
+            parameters = self.model.parameters()
+            stamp = tuple((id(p), p.data_ptr(), _version(p), p.dtype, p.device) for p in parameters)
             if self._made is None or self._made[0] != stamp:
                 model = frozen_for_decoding(self.model, rows)
                 self._made = stamp, model, OutputLayer(self.model.output, rows)
             return self._made[1], self._made[2]
 
-    def _stamp(self) -> Hashable:
-        """What changes when a weight does. Inference tensors (made under
-        `torch.inference_mode`) keep no version counter, and a torch without `_version` (a
-        private attribute) offers none: the weights are then made every time."""
-        return tuple(
-            (id(p), p.data_ptr(), _version(p), p.dtype, p.device) for p in self.model.parameters()
-        )
-
 
 class ModelDecoder:
-    """Encodes a batch of sources once, then decodes step by step on a preallocated cache.
-
-    The decoder's linear layers are frozen (`DecodingWeights`) for the whole decoding. Greedy
-    search calls `step_argmax`, screened in bf16 where the CPU multiplies bf16 natively and
-    settled in float32 (`OutputLayer`).
-
-    Args:
-        model: the translation model, in eval mode.
-        src_ids: source ids (B, S).
-        max_steps: the most tokens any row will be fed (BOS included).
-        never: token ids never chosen (their logits are -inf), e.g. EOS for outputs of a
-            fixed length.
-        weights: the model's `DecodingWeights`, to share them with other batches; by default
-            they are made for this one.
-    """
+    """Encodes source ids (B, S) once, then decodes step by step on a preallocated cache of
+    `max_steps` positions (BOS included), with the frozen `weights` (by default made for this
+    batch). `never` token ids get -inf logits."""
 
     def __init__(
         self,
@@ -97,12 +70,11 @@ class ModelDecoder:
         return self.decoder.step(tokens[:, None], self.cache)[:, 0]  # (N, D)
 
     def select(self, rows: Tensor, held: Tensor | None = None) -> None:
-        """Keep and reorder rows: new row i = old row rows[i]; `held` as in
-        `IncrementalDecoder.select`."""
+        """As `IncrementalDecoder.select`."""
         self.cache.select(rows, held)
 
 
 def _version(tensor: Tensor) -> Hashable:
-    """The tensor's in-place version counter, or a new object (never equal) where none is read."""
+    """The tensor's version counter (private), or a new object where there is none."""
     version = None if tensor.is_inference() else getattr(tensor, "_version", None)
     return object() if version is None else version

@@ -1,23 +1,15 @@
 """The output layer frozen for decoding: its logits, and their argmax screened in bf16.
 
-Greedy decoding needs only the index of each row's largest logit l_v = h · w_v + b_v, over the
-V rows w_v of the output weight. On a CPU with native bf16 matmuls (AVX512-BF16, AMX) the bf16
-product of h and the weight is much faster than the float32 one, and rounding h, the weight and
-the product to bf16 moves each logit by at most
+Greedy decoding needs only each row's largest logit l_v = h · w_v + b_v. On a CPU with native
+bf16 matmuls the bf16 product is much faster than the float32 one, and rounding h, the weight
+and the product to bf16 moves each logit by at most
 
-    e(h) = c ‖h‖ max_v ‖w_v‖,   c = 3u + 4u² + 2dδ  (u = 2⁻⁸ for bf16, δ = 2⁻²⁴ for float32,
-                                                      d terms to a dot product)
+    e(h) = c ‖h‖ max_v ‖w_v‖,   c = 3u + 4u² + 2dδ  (u = 2⁻⁸, δ = 2⁻²⁴, d terms to a product)
 
-(rounding h and w_v: 2u + u² of Σ|h_i w_vi| ≤ ‖h‖ ‖w_v‖ by Cauchy-Schwarz; rounding the
-product to bf16: u; float32 sums: dδ in each product). So no token whose screened logit lies
-more than 2 e(h) below the row's best can be the float32 argmax. The others, the candidates
-(one to a few per row), get float32 logits, one dot product each; the largest wins, the first
-on ties, as with `argmax`.
-
-The result is `argmax` of the float32 logits up to float32 rounding (a near-tie within ~1e-6
-may go either way, as between two float32 matmul kernels). Rows with no candidate (NaN or
-infinite states), and calls averaging over 64 candidates a row (equal logits), fall back to
-the float32 logits. The bound has a term for the bf16 matmul reading subnormals as 0.
+(rounding h and w_v: 2u + u² of Σ|h_i w_vi| ≤ ‖h‖ ‖w_v‖; the product: u; float32 sums: dδ).
+Only the tokens within 2 e(h) of the row's best screened logit (the candidates) get float32
+logits; the largest wins, the first on ties. Rows with no candidate (NaN or infinite states),
+and calls averaging over 64 candidates a row, fall back to the float32 logits.
 """
 
 from __future__ import annotations
@@ -33,14 +25,9 @@ from torch import Tensor, nn
 from qkv.fast.frozen_linear import FrozenLinear, as_linear, cpu_bf16_matmuls
 from qkv.inference.search import first_argmax
 
-BLOCK = 64
-"""Screened logits are searched in blocks of this many tokens: block maxima first, then only
-inside the blocks that reach a row's threshold."""
-MIN_VOCAB = 16 * BLOCK
-"""Below this many tokens, the float32 logits are as fast."""
-MIN_ROWS = 24
-"""Below this many rows, the screen's few dozen small operations cost more than the faster
-product saves."""
+BLOCK = 64  # screened logits are searched by blocks of this many tokens
+MIN_VOCAB = 16 * BLOCK  # below this many tokens, the float32 logits are as fast
+MIN_ROWS = 24  # below this many rows, the screen's small operations cost more than it saves
 _U = 2.0**-8  # bf16 unit roundoff
 _DELTA = 2.0**-24  # float32 unit roundoff
 _SMALLEST_NORMAL = 2.0**-126  # of float32 and bf16
@@ -48,8 +35,7 @@ _SMALLEST_NORMAL = 2.0**-126  # of float32 and bf16
 
 @dataclass
 class _Screen:
-    """The bf16 copy of the output weight and the constants of the bound, made at the first
-    screened `argmax` of an `OutputLayer` or of any of its `excluding` copies."""
+    """The bf16 copy of the output weight and the constants of the bound."""
 
     rounded: FrozenLinear
     scale: float
@@ -57,24 +43,10 @@ class _Screen:
 
 
 class OutputLayer:
-    """The output layer frozen for decoding: `logits(x)`, and `argmax(x)` screened in bf16
-    for float32 rows x (N, D) on the CPU.
-
-    The weight is reordered at the first call and rounded to a bf16 copy (kept reordered only,
-    where possible) at the first `argmax`: make a new layer after the weight changes.
-
-    Args:
-        linear: the output layer, (V, D) weight and an optional bias.
-        rows: the usual number of rows per call (a hint for the float32 and bf16 layouts).
-        never: token ids never chosen (their logits are -inf), e.g. EOS for outputs of a
-            fixed length.
-        screen: True screens float32 rows on the CPU, any number of them (tests); False
-            never; None where it pays: on a CPU with native bf16 matmuls, V >= MIN_VOCAB,
-            calls of MIN_ROWS rows or more.
-
-    Raises:
-        ValueError: if a `never` id is not in [0, V).
-    """
+    """`logits(x)`, and `argmax(x)` screened in bf16 for float32 rows x (N, D) on the CPU;
+    make a new one after the weight changes. `never` token ids (in [0, V), else ValueError)
+    get -inf logits. `screen`: True screens any float32 CPU rows (tests), False never, None
+    where it pays (native bf16 matmuls, V >= MIN_VOCAB, MIN_ROWS rows or more)."""
 
     def __init__(
         self,
@@ -100,11 +72,7 @@ class OutputLayer:
         self.candidates = 0  # tokens the last screened `argmax` settled in float32, all rows
 
     def excluding(self, never: Sequence[int]) -> OutputLayer:
-        """This layer with other `never` tokens, sharing its frozen weights (no copy).
-
-        Raises:
-            ValueError: if a `never` id is not in [0, V).
-        """
+        """This layer with other `never` tokens, sharing its frozen weights."""
         twin = copy.copy(self)
         twin.never = _token_ids(never, self.vocab_size, self.never.device)  # (k,)
         return twin
@@ -112,46 +80,38 @@ class OutputLayer:
     @property
     def rounded(self) -> FrozenLinear | None:
         """The bf16 copy of the weight (V', D), once a screened `argmax` has made it."""
-        screen = self._screen[0] if self._screen else None
-        return screen.rounded if screen is not None else None
+        return self._screen[0].rounded if self._screen else None
 
     def _prepare_screen(self) -> _Screen:
+        """The screen, made at the first screened `argmax` of this layer or its copies."""
         with self._making:
-            if not self._screen:
-                weight = self.exact.linear.weight.detach()  # (V, D) float32
-                self._screen.append(self._rounded_screen(weight))
-        return self._screen[0]
-
-    def _rounded_screen(self, weight: Tensor) -> _Screen:
-        """The bf16 screen of the weight (V, D)."""
-        blocks = -(-self.vocab_size // BLOCK)
-        rounded = weight.new_zeros(blocks * BLOCK, self.d, dtype=torch.bfloat16)  # (V', D)
-        rounded[: self.vocab_size] = weight
-        c = 3 * _U + 4 * _U * _U + 2 * self.d * _DELTA
-        w_max = float(_norms(weight).max())
-        b_max = 0.0 if self.bias is None else float(self.bias.abs().max())
-        # The bf16 matmul reads subnormal inputs as 0: each side's flushed part moves a logit
-        # by at most 2⁻¹²⁶ √d times the other side's norm.
-        flushed = _SMALLEST_NORMAL * self.d**0.5
-        # Twice e(h), as 2 (scale ‖h‖ + offset): with the float32 rounding of adding the bias
-        # and of the threshold's own arithmetic (4δ of |logit| <= 1.1 ‖h‖ w_max + b_max), and
-        # 1 % to spare.
-        scale = 2.02 * ((c + 5 * _DELTA) * w_max + flushed)
-        offset = 2.02 * (5 * _DELTA * b_max + flushed * w_max) + 1e-30
-        # The screen keeps only the reordered layout of its bf16 copy.
-        return _Screen(FrozenLinear(as_linear(rounded), self.rows).reordered_only(), scale, offset)
+            if self._screen:
+                return self._screen[0]
+            weight = self.exact.linear.weight.detach()  # (V, D) float32
+            blocks = -(-self.vocab_size // BLOCK)
+            rounded = weight.new_zeros(blocks * BLOCK, self.d, dtype=torch.bfloat16)  # (V', D)
+            rounded[: self.vocab_size] = weight
+            c = 3 * _U + 4 * _U * _U + 2 * self.d * _DELTA
+            w_max = float(_norms(weight).max())
+            b_max = 0.0 if self.bias is None else float(self.bias.abs().max())
+            # The bf16 matmul reads subnormal inputs as 0: each side's flushed part moves a
+            # logit by at most 2⁻¹²⁶ √d times the other side's norm.
+            flushed = _SMALLEST_NORMAL * self.d**0.5
+            # Twice e(h), as 2 (scale ‖h‖ + offset), with the float32 rounding of adding the
+            # bias and of the threshold's own arithmetic, and 1 % to spare.
+            scale = 2.02 * ((c + 5 * _DELTA) * w_max + flushed)
+            offset = 2.02 * (5 * _DELTA * b_max + flushed * w_max) + 1e-30
+            frozen = FrozenLinear(as_linear(rounded), self.rows).reordered_only()
+            self._screen.append(_Screen(frozen, scale, offset))
+            return self._screen[0]
 
     def argmax(self, x: Tensor) -> Tensor:
         """x (N, D) -> the index of each row's largest logit (N,) long."""
-        if (
-            not (self.screens and x.device.type == "cpu" and _is_float32(x))
-            or len(x) < self.min_rows
-        ):
-            return first_argmax(self.logits(x).float())  # (N,)
-        found = self._screened(x)  # (N,)
-        if bool((found == self.vocab_size).any()):  # no candidate (NaN, inf), or too many
-            return first_argmax(self.logits(x).float())  # (N,)
-        return found
+        if self.screens and x.device.type == "cpu" and _is_float32(x) and len(x) >= self.min_rows:
+            found = self._screened(x)  # (N,)
+            if not bool((found == self.vocab_size).any()):  # else: no candidate, or too many
+                return found
+        return first_argmax(self.logits(x).float())  # (N,)
 
     def logits(self, x: Tensor) -> Tensor:
         """x (..., D) -> logits (..., V) in the layer's dtype, the `never` tokens at -inf."""
@@ -165,9 +125,12 @@ class OutputLayer:
         """x (N, D) float32 -> argmax (N,) long; V for a row with no candidate."""
         n, vocab_size = x.size(0), self.vocab_size
         screen = self._prepare_screen()
-        with torch.no_grad():  # an argmax has no gradient; the bf16 copy may be reordered only
-            screened, margin = _bf16_logits(x, screen, self.bias)  # (N, V') float32, (N,)
-            lowest = float("-inf")
+        with torch.no_grad():  # the bf16 copy may be reordered only
+            screened = screen.rounded(x.to(torch.bfloat16)).float()  # (N, V')
+            margin = screen.scale * _norms(x) + screen.offset  # (N,) twice the bound
+        if self.bias is not None:
+            screened[:, :vocab_size] += self.bias
+        lowest = float("-inf")
         if screened.size(1) > vocab_size:
             screened[:, vocab_size:] = lowest
         if self.never.numel() > 0:
@@ -195,29 +158,17 @@ class OutputLayer:
         return found.scatter_reduce(0, rows, winners, "amin")  # (N,) first on ties
 
 
-def _bf16_logits(x: Tensor, screen: _Screen, bias: Tensor | None) -> tuple[Tensor, Tensor]:
-    """x (N, D) float32 -> the screened logits (N, V') float32, and each row's margin (N,):
-    twice the bound on their distance from the float32 logits."""
-    screened = screen.rounded(x.to(torch.bfloat16)).float()  # (N, V')
-    if bias is not None:
-        screened[:, : bias.numel()] += bias
-    return screened, screen.scale * _norms(x) + screen.offset
-
-
 def _token_ids(never: Sequence[int], vocab_size: int, device: torch.device) -> Tensor:
     if any(not 0 <= int(token) < vocab_size for token in never):
         raise ValueError(f"never: token ids must be in [0, {vocab_size}), got {never}")
     return torch.tensor(list(never), dtype=torch.long, device=device)  # (k,)
 
 
-NORM_CHUNK = 1024
-"""Rows whose norms are taken at once, so that their float64 copy never spans a whole (V, D)
-weight and adds little to decoding's peak memory."""
+NORM_CHUNK = 1024  # rows whose norms are taken at once: a float64 copy of a few rows only
 
 
 def _norms(rows: Tensor) -> Tensor:
-    """Euclidean norms of the rows (N, D) -> (N,) float32, summed in float64: squares below
-    float32's smallest normal number would read as 0. `NORM_CHUNK` rows at a time."""
+    """Norms of the rows (N, D) -> (N,) float32, summed in float64 (tiny squares count)."""
     if len(rows) <= NORM_CHUNK:
         return torch.linalg.vector_norm(rows, dim=1, dtype=torch.float64).float()
     return torch.cat([_norms(chunk) for chunk in rows.split(NORM_CHUNK)])  # (N,)

@@ -1,11 +1,7 @@
 """Decoding in bfloat16: `decoding_model(model, bf16=True, device)`, a bf16 copy to decode with.
 
-A bf16 weight or cached key takes half the bytes of a float32 one, and GPUs and CPUs with
-native bf16 instructions (AVX512-BF16, AMX) multiply bf16 matrices faster. The copy holds every
-weight and buffer in bf16, so the encoder's output, the caches and every activation are bf16
-too; the searches still read float32 logits (`ModelDecoder.step`). Outputs can differ from
-float32 decoding where two candidates score within bf16's rounding (about 3 significant digits)
-of each other. The caller's model is left untouched, in float32.
+Every weight, cache and activation is bf16 (the searches still read float32 logits); outputs
+can differ from float32 decoding where two candidates score within bf16's rounding.
 """
 
 from __future__ import annotations
@@ -21,8 +17,7 @@ from qkv.model.seq2seq import Seq2SeqTransformer
 
 
 def native_bf16(device: torch.device) -> bool:
-    """Whether `device` multiplies bf16 matrices natively (a CPU with AVX512-BF16 or AMX, or a
-    GPU that supports bf16)."""
+    """Whether `device` multiplies bf16 matrices natively."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
     return device.type == "cpu" and cpu_bf16_matmuls()
@@ -31,11 +26,8 @@ def native_bf16(device: torch.device) -> bool:
 def decoding_model(
     model: Seq2SeqTransformer, bf16: bool, device: torch.device
 ) -> Seq2SeqTransformer:
-    """The model itself, or with `bf16` a copy of it in bfloat16, to decode with.
-
-    Raises ConfigError on a GPU without bf16; warns on a CPU without native bf16 matrix
-    instructions, where bf16 decoding works but runs slower than float32.
-    """
+    """The model itself, or with `bf16` a copy of it in bfloat16, to decode with: ConfigError
+    on a GPU without bf16, a warning on a CPU without native bf16 (slower than float32)."""
     if not bf16:
         return model
     if not native_bf16(device):

@@ -1,13 +1,5 @@
-"""Greedy decoding and sampling over an incremental decoder.
-
-Both follow one path per sentence: feed the last token of every live row, pick the next from
-the returned scores, and drop a row from the decoder once it is finished (EOS, or its length
-budget reached), so a step's work shrinks with the unfinished sentences. Beam search
-(`beam.py`) uses the same decoder protocol.
-
-A sentence's `max_length` is its budget of generated tokens, EOS included: at most that many
-steps run for it. Shapes (see `qkv.model`): B batch, V vocabulary size, N rows live in the
-decoder.
+"""Greedy decoding and sampling over an incremental decoder, one path per sentence; finished
+rows leave the decoder. Shapes: B batch, V vocabulary size, N rows live in the decoder.
 """
 
 from __future__ import annotations
@@ -24,39 +16,23 @@ from qkv.errors import ConfigError
 
 
 class IncrementalDecoder(Protocol):
-    """A decoder that holds its own state (KV cache, memory, source mask) for N rows.
-
-    It starts with N = B rows, one per source sentence, before any token is fed.
-    """
+    """A decoder holding its own state (KV cache, memory, source mask) for N rows; it starts
+    with N = B rows, one per source sentence, before any token is fed."""
 
     def step(self, tokens: Tensor) -> Tensor:
-        """Feed the last token of every live row, tokens (N,) long; return next-token logits
-        (N, V), whose softmax over V is the next-token distribution (log-probabilities qualify
-        too). The searches normalise them only where needed: greedy takes their argmax as is.
-        """
+        """tokens (N,) long, the last of every live row -> next-token logits (N, V)."""
 
     def select(self, rows: Tensor, held: Tensor | None = None) -> None:
-        """Keep and reorder rows (KV cache, memory, source mask): new row i = old row rows[i].
-
-        rows (N',) long; N' is smaller when finished rows are dropped, larger at beam expansion.
-        `held` (N',) long is a hint a decoder may ignore: how many tokens fed so far (BOS first)
-        place i already shares with old row rows[i], for the same source (no copy needed).
-        """
+        """Keep and reorder rows: new row i = old row rows[i] (N',) long. `held` (N',) long, a
+        hint: how many tokens fed (BOS first) place i shares with old row rows[i]."""
 
 
 @runtime_checkable
 class ArgmaxDecoder(IncrementalDecoder, Protocol):
-    """A decoder that finds the argmax of its next-token logits faster than the logits
-    themselves (`ModelDecoder`: a bf16 screen settled in float32, `output_layer.py`)."""
+    """A decoder that finds the argmax of its next-token logits faster than the logits."""
 
     def step_argmax(self, tokens: Tensor) -> Tensor:
-        """Feed the last token of every live row, tokens (N,) long; returns the index of each
-        row's largest next-token logit (N,) long, as `step(tokens).argmax(-1)` would."""
-
-
-NextTokens = Callable[[Tensor, Tensor], Tensor]
-"""Feeds the last tokens (N,) long to the decoder and, given each row's sentence (N,) long,
-returns the next tokens (N,) long."""
+        """tokens (N,) long -> `step(tokens).argmax(-1)` (N,) long."""
 
 
 def greedy_search(
@@ -66,20 +42,8 @@ def greedy_search(
     bos_id: int = BOS_ID,
     eos_id: int = EOS_ID,
 ) -> list[list[int]]:
-    """Decode every sentence by always taking the most probable next token.
-
-    Args:
-        decoder: holds `batch_size` rows, no token fed yet.
-        batch_size: B, the number of sentences.
-        max_lengths: (B,) long, budget of generated tokens per sentence (EOS included), on the
-            decoder's device.
-        bos_id: token fed at the first step.
-        eos_id: token that ends a sentence.
-
-    Returns:
-        B lists of token ids, without BOS and EOS.
-    """
-    # Chosen once, not at every step.
+    """B lists of token ids (no BOS, EOS), always the most probable next token; `max_lengths`
+    (B,) long, on the decoder's device: each sentence's budget of tokens, EOS included."""
     step_argmax: Callable[[Tensor], Tensor] = (
         decoder.step_argmax
         if isinstance(decoder, ArgmaxDecoder)
@@ -102,36 +66,12 @@ def sample(
     eos_id: int = EOS_ID,
     seeds: Sequence[int] | None = None,
 ) -> list[list[int]]:
-    """Decode every sentence by drawing each next token at random.
+    """Decode every sentence by drawing each next token from the logits divided by
+    `temperature` and cut by `filter_logits`, never padding or BOS. Each sentence draws from a
+    stream seeded by its entry of `seeds` (else drawn from `generator`), whatever the batch.
 
-    The logits are divided by `temperature`, cut by `filter_logits` (top-k, then
-    nucleus), renormalised, and one token is drawn per row. Padding and BOS are never drawn:
-    they are not words, and a decoder reads a padding token it is fed as nothing.
-
-    Each sentence draws from its own random stream, seeded by its entry of `seeds` (or by a
-    seed drawn from `generator`), so its tokens depend on its seed and its own past only, not
-    on the rest of the batch. A draw takes one uniform number from the stream and finds it in
-    the row's cumulative distribution.
-
-    Args:
-        decoder: holds `batch_size` rows, no token fed yet.
-        batch_size: B, the number of sentences.
-        max_lengths: (B,) long, budget of generated tokens per sentence (EOS included), on the
-            decoder's device.
-        temperature: > 0; below 1 sharpens the distribution, above 1 flattens it.
-        top_k: keep only the k most probable tokens; 0 keeps all.
-        top_p: keep the smallest set of most probable tokens whose mass is at least p; 1 keeps all.
-        generator: draws the sentences' seeds when `seeds` is None; None uses torch's global one.
-        bos_id: token fed at the first step.
-        eos_id: token that ends a sentence.
-        seeds: B seeds, one per sentence.
-
-    Returns:
-        B lists of token ids, without BOS and EOS.
-
-    Raises:
-        ConfigError: if temperature, top_k or top_p is out of range.
-        ValueError: if `seeds` does not hold B seeds.
+    Raises ConfigError for temperature, top_k or top_p out of range, ValueError unless `seeds`
+    holds B seeds.
     """
     check_sampling(temperature, top_k, top_p)
     check_lengths(batch_size, max_lengths)
@@ -140,8 +80,7 @@ def sample(
     elif len(seeds) != batch_size:
         raise ValueError(f"seeds must hold {batch_size} seeds, one per sentence, got {len(seeds)}")
     device = max_lengths.device
-    # Drawn on the CPU whatever the device: on a GPU each row's draw would be a kernel launch
-    # of its own at every step. A seed thus draws the same numbers on every device.
+    # Drawn on the CPU whatever the device: on a GPU each row's draw would be a launch of its own.
     streams = [torch.Generator().manual_seed(int(seed)) for seed in seeds]
     never: Tensor | None = None  # (k,) ids that are not words
 
@@ -152,16 +91,15 @@ def sample(
             ids = [i for i in (PAD_ID, bos_id) if i != eos_id and i < logits.size(-1)]
             never = torch.tensor(ids, dtype=torch.long, device=logits.device)
         words = logits.index_fill(-1, never, float("-inf"))  # (N, V)
-        # The best shifted to 0 before dividing: a tiny temperature then sends the rest to
-        # -inf, not the best to +inf (a NaN softmax). A temperature below the dtype's smallest
-        # normal number, which would round to 0, is raised to it.
+        # The best shifted to 0 before dividing: a tiny temperature sends the rest to -inf,
+        # not the best to +inf (a NaN softmax); it is raised to the dtype's smallest normal.
         lowest = max(temperature, torch.finfo(words.dtype).tiny)
         scaled = (words - words.amax(dim=-1, keepdim=True)) / lowest  # (N, V)
         cdf = filter_logits(scaled, top_k, top_p).softmax(dim=-1).cumsum(dim=-1)  # (N, V)
         draws = [torch.rand(1, generator=streams[s]) for s in sentences.tolist()]
         uniform = torch.cat(draws).to(device)  # (N,) in [0, 1), one from each row's stream
-        # The first token whose cumulative probability reaches a point in (0, total]: each
-        # token is drawn with its probability, and never one of probability 0.
+        # The first token whose cumulative probability reaches a point in (0, total]: never
+        # one of probability 0.
         point = ((1.0 - uniform) * cdf[:, -1]).to(cdf.dtype).unsqueeze(1)  # (N, 1)
         return torch.searchsorted(cdf, point).squeeze(1)  # (N,)
 
@@ -177,22 +115,8 @@ def _on_cpu(generator: torch.Generator | None) -> torch.Generator | None:
 
 
 def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
-    """Set to -inf every token outside the top-k and outside the nucleus of mass top_p.
-
-    Top-k keeps exactly k tokens per row. The nucleus is the smallest set of most probable
-    tokens (under softmax of the top-k-filtered logits) whose total probability is at least
-    `top_p`; the most probable token is always kept.
-
-    Args:
-        logits: (N, V) unnormalised scores or log-probabilities.
-        top_k: number of tokens kept per row; 0 (or >= V) keeps all.
-        top_p: in (0, 1]; 1 keeps all.
-
-    Returns:
-        (N, V) a copy of `logits` with the removed tokens at -inf.
-
-    Raises:
-        ConfigError: if top_k < 0 or top_p is not in (0, 1].
+    """logits (N, V) -> a copy with -inf outside the top-k (0 keeps all) and outside the
+    nucleus: the smallest set of most probable tokens (after top-k) of mass >= top_p in (0, 1].
     """
     _check_filters(top_k, top_p)
     vocab_size = logits.size(-1)
@@ -213,11 +137,8 @@ def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
 
 
 def rows_to_keep(live: Tensor) -> Tensor:
-    """The rows that go on, as `select` takes them: live (N,) bool -> rows (N',) long.
-
-    The live rows become the first N': those already there stay put and the ones beyond fill
-    the finished rows' places, so only as many rows move as have finished in front.
-    """
+    """live (N,) bool -> the rows (N',) long that go on, as `select` takes them: those among
+    the first N' stay put, the ones beyond fill the finished rows' places."""
     count = int(live.sum())
     rows = torch.arange(count, device=live.device)  # (N',)
     holes = (~live[:count]).nonzero().squeeze(1)  # (F,) finished rows among the first N'
@@ -249,13 +170,8 @@ def check_lengths(batch_size: int, max_lengths: Tensor) -> None:
 
 
 def first_argmax(logits: Tensor, chunk: int = 64) -> Tensor:
-    """`logits.argmax(dim=-1)` (N,) long, the first index of each row's maximum; faster on a CPU.
-
-    CPU `argmax` carries an index beside every value and is much slower than `amax`, so `amax`
-    takes each chunk's maximum, and `argmax` looks only at those and inside the first chunk
-    holding the row's maximum; the tail that fills no whole chunk wins only when strictly
-    larger. Same index as `argmax`, NaN rows included.
-    """
+    """`logits.argmax(dim=-1)` (N,) long, NaN rows included; faster on a CPU, where `argmax` is
+    much slower than `amax`: it looks only at the chunks' maxima and inside the best chunk."""
     rows, vocab_size = logits.shape
     whole = vocab_size // chunk * chunk
     if logits.device.type != "cpu" or whole < 16 * chunk:
@@ -276,15 +192,12 @@ def _decode_paths(
     decoder: IncrementalDecoder,
     batch_size: int,
     max_lengths: Tensor,
-    next_tokens: NextTokens,
+    next_tokens: Callable[[Tensor, Tensor], Tensor],
     bos_id: int,
     eos_id: int,
 ) -> list[list[int]]:
-    """Run one path per sentence, stepping the decoder and choosing with `next_tokens`.
-
-    `next_tokens` maps the last tokens (N,) and each row's sentence (N,) to the next tokens
-    (N,) by stepping `decoder`; the other arguments and the result are as in `greedy_search`.
-    """
+    """Run one path per sentence; `next_tokens` steps `decoder` with the last tokens (N,) and
+    picks the next (N,), given each row's sentence (N,)."""
     check_lengths(batch_size, max_lengths)
     device = max_lengths.device
     longest = max(int(max_lengths.max()), 0) if batch_size > 0 else 0

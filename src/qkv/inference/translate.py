@@ -22,10 +22,8 @@ from qkv.inference.search import check_sampling, greedy_search, sample
 from qkv.inference.workers import auto_workers, check_workers, map_in_workers
 from qkv.model.seq2seq import Seq2SeqTransformer
 
-MAX_BEAM = 256
-"""The widest beam decoded: its memory grows with the square of the width."""
-MAX_ALPHA = 10.0
-"""The largest length penalty exponent: ((5 + n) / 6)^alpha overflows a float far above it."""
+MAX_BEAM = 256  # the widest beam: its memory grows with the square of the width
+MAX_ALPHA = 10.0  # the largest length penalty exponent: ((5 + n) / 6)^alpha overflows above
 
 
 @dataclass
@@ -47,8 +45,7 @@ class DecodeOptions:
     bf16: bool = False  # decode a bfloat16 copy of the model (see `precision.py`)
 
     def __post_init__(self) -> None:
-        """Raise ConfigError for a setting of the wrong type or out of range, before any
-        decoding."""
+        """Raise ConfigError for a setting of the wrong type or out of range."""
         for name, hint in typing.get_type_hints(DecodeOptions).items():
             value = getattr(self, name)
             if not fits(value, hint):
@@ -102,101 +99,73 @@ def translate_hypotheses(
     progress: bool = False,
     scored: bool = True,
 ) -> list[list[Found]]:
-    """Translate token-id sequences (no BOS/EOS) into the `n_best` best target-id sequences
-    (no BOS/EOS) with their scores (NaN unless `scored`), in input order. `n_best` > 1 needs
-    beam search of at least that width.
+    """Translate token-id sequences into the `n_best` best target-id sequences (no BOS/EOS
+    either) with their scores (NaN unless `scored`), in input order. `n_best` > 1 needs beam
+    search at least that wide. A sampled sentence's stream is seeded from `options.seed` and
+    its place in `sources` only.
 
-    Batches go to `options.workers` threads on a CPU (see `workers.py`). When sampling, each
-    sentence draws from a random stream of its own, seeded from `options.seed` and its place
-    in `sources`, so its translation depends on neither the workers, nor the batching, nor the
-    other sentences. With `progress`, a bar of sentences done is drawn on stderr when
-    stderr is a terminal. With `options.bf16`, a bfloat16 copy of the model decodes; `model`
-    itself is left as it is, in the mode (training or eval) it had.
-
-    Raises:
-        ValueError: a source holds a token id outside the model's source vocabulary.
-        ConfigError: `options.workers` > 1 where workers cannot decode.
+    Raises ValueError for a token id outside the vocabulary, ConfigError for workers > 1 where
+    workers cannot decode or `n_best` wider than the beam.
     """
     check_workers(options.workers, device)
-    _check_sources(sources, model.config.vocab_size)
     if n_best > (1 if options.sampling else options.beam_size):
         raise ConfigError(f"n_best ({n_best}) exceeds the beam size ({options.beam_size})")
-    was_training = model.training
-    try:
-        return _translate(model.eval(), sources, options, device, n_best, progress, scored)
-    finally:
-        model.train(was_training)
-
-
-def _check_sources(sources: list[list[int]], vocab_size: int) -> None:
-    """Raise ValueError for a token id outside [0, vocab_size), naming the sentence.
-
-    Read here, on the host, before any batch: on a GPU an id out of range would stop the
-    embedding's kernel instead, and leave the process's CUDA context unusable.
-    """
+    # Checked on the host: on a GPU an id out of range would leave the CUDA context unusable.
     for number, sentence in enumerate(sources):
         for token in sentence:
-            if not 0 <= token < vocab_size:
+            if not 0 <= token < model.config.vocab_size:
                 raise ValueError(
                     f"sources[{number}] holds token id {token}, outside the vocabulary "
-                    f"[0, {vocab_size})"
+                    f"[0, {model.config.vocab_size})"
                 )
+    was_training = model.training
+    try:
+        decoding = decoding_model(model.eval(), options.bf16, device)
+        out: list[list[Found]] = [[([], 0.0)] for _ in sources]
+        todo = [i for i, s in enumerate(sources) if s]
+        lengths = [len(sources[i]) for i in todo]
+        budget = max(options.max_tokens // options.beam_size, 1)
+        batches = [
+            [todo[i] for i in batch]
+            for batch in token_budget_batches(lengths, budget, shuffle=False, seed=0, epoch=0)
+        ]
+        weights = DecodingWeights(decoding)  # made at the first batch, shared by the workers
+        seeds = torch.randint(
+            2**62, (len(sources),), generator=torch.Generator().manual_seed(options.seed)
+        ).tolist()  # one per sentence
 
+        def decode(index: int) -> list[list[Found]]:
+            rows = batches[index]
+            width = max(len(sources[r]) for r in rows)
+            src = torch.full((len(rows), width), PAD_ID, dtype=torch.long)  # (B, S)
+            for j, r in enumerate(rows):
+                src[j, : len(sources[r])] = torch.tensor(sources[r])
+            src = src.to(device)
+            row_seeds = [seeds[r] for r in rows]
+            found = _decode_batch(decoding, src, options, row_seeds, weights, n_best)
+            if scored and (options.sampling or options.beam_size == 1):
+                return _scored(decoding, src, found, options)
+            return found
 
-def _translate(
-    model: Seq2SeqTransformer,
-    sources: list[list[int]],
-    options: DecodeOptions,
-    device: torch.device,
-    n_best: int,
-    progress: bool,
-    scored: bool,
-) -> list[list[Found]]:
-    """`translate_hypotheses` with `model` in eval mode."""
-    model = decoding_model(model, options.bf16, device)
-    out: list[list[Found]] = [[([], 0.0)] for _ in sources]
-    todo = [i for i, s in enumerate(sources) if s]
-    lengths = [len(sources[i]) for i in todo]
-    budget = max(options.max_tokens // options.beam_size, 1)
-    batches = [
-        [todo[i] for i in batch]
-        for batch in token_budget_batches(lengths, budget, shuffle=False, seed=0, epoch=0)
-    ]
-    weights = DecodingWeights(model)  # made at the first batch, shared by the workers
-    seeds = torch.randint(
-        2**62, (len(sources),), generator=torch.Generator().manual_seed(options.seed)
-    ).tolist()  # one per sentence
-
-    def decode(index: int) -> list[list[Found]]:
-        rows = batches[index]
-        width = max(len(sources[r]) for r in rows)
-        src = torch.full((len(rows), width), PAD_ID, dtype=torch.long)  # (B, S)
-        for j, r in enumerate(rows):
-            src[j, : len(sources[r])] = torch.tensor(sources[r])
-        seeds_of_rows = [seeds[r] for r in rows]
-        src = src.to(device)
-        found = _decode_batch(model, src, options, seeds_of_rows, weights, n_best)
-        if scored and (options.sampling or options.beam_size == 1):
-            return _scored(model, src, found, options)
-        return found
-
-    width = 1 if options.sampling else options.beam_size
-    workers = auto_workers(options.workers, device, width)
-    found_batches = map_in_workers(decode, len(batches), workers)
-    with tqdm(total=len(todo), unit="sent", disable=None if progress else True, leave=False) as bar:
-        for rows, found in zip(batches, found_batches, strict=True):
-            for r, tokens in zip(rows, found, strict=True):
-                out[r] = tokens
-            bar.update(len(rows))
-    return out
+        width = 1 if options.sampling else options.beam_size
+        workers = auto_workers(options.workers, device, width)
+        found_batches = map_in_workers(decode, len(batches), workers)
+        disable = None if progress else True
+        with tqdm(total=len(todo), unit="sent", disable=disable, leave=False) as bar:
+            for rows, found in zip(batches, found_batches, strict=True):
+                for r, hypotheses in zip(rows, found, strict=True):
+                    out[r] = hypotheses
+                bar.update(len(rows))
+        return out
+    finally:
+        model.train(was_training)
 
 
 def _budgets(model: Seq2SeqTransformer, src: torch.Tensor, options: DecodeOptions) -> Tensor:
     """(B,) long: each sentence's budget of generated tokens, EOS included."""
     src_lengths = (src != PAD_ID).sum(1)  # (B,)
     limit = model.config.max_len - 1
-    # Terms beyond the limit are cut to it first: the budget is cut there anyway, and a
-    # Python int such as 10**30 fits in no tensor (and a long would wrap).
+    # Terms cut to the limit first: a Python int such as 10**30 fits in no tensor.
     budgets = src_lengths * min(options.max_len_a, limit) + min(options.max_len_b, limit)
     return budgets.clamp(0, limit).long()
 
@@ -236,9 +205,8 @@ def _decode_batch(
     weights: DecodingWeights,
     n_best: int,
 ) -> list[list[Found]]:
-    """Sources (B, S), padded, on the model's device -> B lists of target ids. `seeds`: one per
-    sentence, for sampling. On a GPU each step of the model is a CUDA graph replay
-    (`make_decoder`); on a CPU the batches share the frozen `weights`."""
+    """Sources (B, S), padded, on the model's device -> B lists of hypotheses; `seeds`: one
+    per sentence, for sampling."""
     batch = src.size(0)
     max_lengths = _budgets(model, src, options)  # (B,)
     beams = 1 if options.sampling else options.beam_size
@@ -246,9 +214,8 @@ def _decode_batch(
         model, src, int(max_lengths.max()) + 1, batch * beams, options.cuda_graphs, weights
     )
     if options.sampling:
-        top_k, top_p = options.top_k, options.top_p
-        temperature = options.temperature
-        found = sample(decoder, batch, max_lengths, temperature, top_k, top_p, seeds=seeds)
+        o = options
+        found = sample(decoder, batch, max_lengths, o.temperature, o.top_k, o.top_p, seeds=seeds)
     elif options.beam_size > 1:
         hypotheses = beam_search(decoder, batch, options.beam_size, max_lengths, options.alpha)
         return [[(h.tokens, h.score) for h in hyps[:n_best]] for hyps in hypotheses]

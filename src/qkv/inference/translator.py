@@ -115,13 +115,10 @@ class Translator:
     ) -> list[str]:
         """Translate sentences; options are `DecodeOptions` fields (alpha, max_len_a, ...).
 
-        Blank sentences (only whitespace and invisible characters such as zero-width spaces)
-        translate to empty strings. `progress` draws a progress bar on stderr if it is a terminal.
-
-        Raises:
-            TypeError: if `sentences` is one string, or holds something else than strings.
+        Blank sentences translate to empty strings; `progress` draws a bar on stderr if it is a
+        terminal. Raises TypeError unless `sentences` is a list of strings.
         """
-        found = self._hypotheses(sentences, beam_size, 1, progress, False, 5, options)
+        found = self._hypotheses(sentences, beam_size, 1, progress, False, 4, options)
         return [hypotheses[0].text for hypotheses in found]
 
     def hypotheses(

@@ -1,15 +1,5 @@
-"""Decoding batches side by side on a CPU: `map_in_workers(job, count, workers)`.
-
-A decoding step runs dozens of small operations on small matrices. Two torch threads sharing
-one step meet at every operation, and how long one waits for the other depends on the host
-(on a shared VM it varies widely). Two threads that each decode batches of their own on one
-torch thread never meet: a batch takes longer, but two run at once, as with CTranslate2's
-`inter_threads` (see `docs/performance.md`).
-
-The workers are threads of this process, so they share the model and start at once; torch runs
-its operations without Python's lock, which a worker holds only to call each one. torch's
-thread count is per thread: each worker sets its own, and the caller's is restored.
-"""
+"""Decoding batches side by side on a CPU, each thread on its own torch thread (CTranslate2's
+`inter_threads`): torch threads sharing a step's small operations wait at every one."""
 
 from __future__ import annotations
 
@@ -27,9 +17,7 @@ from qkv.errors import ConfigError
 
 Result = TypeVar("Result")
 
-AUTO_MOST = 4
-"""The most workers chosen when none are asked for (`workers=0`): each one's operations take
-Python's lock for a moment, so very many of them would wait for it."""
+AUTO_MOST = 4  # the most workers `workers=0` chooses: each takes Python's lock at every call
 
 
 def check_workers(workers: int, device: torch.device) -> None:
@@ -50,9 +38,8 @@ def check_workers(workers: int, device: torch.device) -> None:
 
 def auto_workers(workers: int, device: torch.device, width: int = 1) -> int:
     """How many workers decode: `workers` when given (> 0); for 0 (auto), one per torch thread
-    of the caller, at most AUTO_MOST, for greedy search and sampling on a CPU, else one. A beam
-    search's `width` multiplies a batch's rows, and so its products and the memory of every
-    batch in flight: there more workers gain little for much more memory."""
+    of the caller, at most AUTO_MOST, for greedy search and sampling on a CPU, else one (a
+    beam's `width` multiplies the memory of every batch in flight, for little gain)."""
     if workers > 0:
         return workers
     if device.type != "cpu" or width > 1:
@@ -68,16 +55,10 @@ def usable_cpus() -> int:
 
 
 def map_in_workers(job: Callable[[int], Result], count: int, workers: int) -> Iterator[Result]:
-    """`job(0), ..., job(count - 1)`, yielded in order, computed by `workers` threads.
-
-    With one worker (or one job) everything runs here, on the caller's torch threads.
-    Otherwise each worker runs torch on its share of the caller's threads (one each when they
-    are as many) and takes the next index when it is free, so long and short jobs even out;
-    the last `count % workers` jobs, which would leave workers idle, run here afterwards on
-    all of the caller's threads. Every job runs under the caller's grad and inference modes.
-    A job's exception is raised here once the jobs under way have ended, and no new job
-    starts; so does KeyboardInterrupt, and SIGTERM while the workers run (main thread only).
-    """
+    """`job(0), ..., job(count - 1)`, yielded in order, computed by `workers` threads, each on
+    its share of the caller's torch threads (the last `count % workers` jobs run here on all).
+    A job's exception, KeyboardInterrupt, and SIGTERM while the workers run (main thread only)
+    are raised here once the jobs under way end."""
     workers = min(workers, count)
     if workers <= 1:
         yield from map(job, range(count))

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from qkv.fast.static_cache import (
+from qkv.inference.graphed import (
     StaticDecoderCache,
     init_static_cache,
     static_step,
