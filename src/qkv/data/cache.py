@@ -7,7 +7,6 @@ data at a new place and refuses other data.
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,10 +16,9 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
 from qkv.errors import DataError
-from qkv.training.checkpoint import save_tensors
+from qkv.training.checkpoint import replacing, save_tensors
 
-DIGEST_PREFIX = "digest."
-"""Prefix of the cache's metadata keys: "digest.train" holds the training text's digest."""
+DIGEST_PREFIX = "digest."  # metadata "digest.train" holds the training text's digest
 
 
 def text_digest(*columns: Sequence[str]) -> str:
@@ -48,10 +46,9 @@ def save_id_lists(
         tensors[f"{name}.ids"] = torch.from_numpy(flat)
         tensors[f"{name}.lengths"] = torch.from_numpy(lengths)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
     metadata = {DIGEST_PREFIX + split: value for split, value in (digests or {}).items()}
-    save_tensors(tensors, tmp, metadata)
-    os.replace(tmp, path)
+    with replacing(path) as tmp:
+        save_tensors(tensors, tmp, metadata)
 
 
 def load_id_lists(path: Path) -> dict[str, list[list[int]]] | None:
@@ -76,17 +73,9 @@ def load_id_lists(path: Path) -> dict[str, list[list[int]]] | None:
 
 
 def check_same_data(path: Path, texts: dict[str, tuple[Path, str]]) -> None:
-    """Refuses text that is not what the cache at `path` was made from.
-
-    Args:
-        path: the cache file; a missing or unreadable one, or one without digests, checks
-            nothing.
-        texts: by split name ("train", or "train.src" for one side), the file read and the
-            `text_digest` of its text.
-
-    Raises:
-        DataError: naming the first file whose text differs from the cached digest.
-    """
+    """Refuses text that is not what the cache at `path` (if readable, with digests) was made
+    from: `texts` holds, by split name ("train", or "train.src" for one side), the file read
+    and the `text_digest` of its text."""
     try:
         with safe_open(str(path), "pt") as cache:
             metadata = cache.metadata() or {}
