@@ -72,13 +72,10 @@ def collate_pairs(src: Sequence[list[int]], tgt: Sequence[list[int]]) -> PairBat
 
 
 def pad_to_bucket(batch: PairBatch, rows: int = 16, length: int = 8) -> PairBatch:
-    """The batch padded to a coarser shape, on its device: src (B', S'), tgt_in, labels (B', T').
-
-    B is rounded up to a multiple of `rows`, S and T to multiples of `length`, so that a few
-    CUDA graphs (one shape each) serve every batch. Added rows have all-PAD labels, adding
-    nothing to the loss, and hold EOS in the source and BOS in the decoder input so that
-    their attention has a key and stays finite.
-    """
+    """The batch padded to a coarser shape, on its device: src (B', S'), tgt_in, labels (B', T')
+    with B, S, T rounded up to multiples of `rows` and `length`, so that a few CUDA graphs serve
+    every batch. Added rows have all-PAD labels and hold EOS in the source and BOS in the
+    decoder input, so that their attention has a key and stays finite."""
     batch_size, src_len = batch.src.shape
     size = round_up(batch_size, rows)
     src = pad_ids(batch.src, size, round_up(src_len, length))  # (B', S')
@@ -149,14 +146,10 @@ def pair_lengths(src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]]) -> 
 def token_budget_batches(
     lengths: Sequence[int], max_tokens: int, *, shuffle: bool, seed: int, epoch: int
 ) -> list[list[int]]:
-    """Groups the indices of `lengths` (padded lengths) into batches of similar length; each
-    index appears in exactly one batch.
-
-    Examples are sorted by length and cut greedily so that `len(batch) * max(lengths in
-    batch) <= max_tokens`; an example over the budget is a batch of its own. With `shuffle`
-    (training), ties in length and the batch order are random, drawn from (seed, epoch)
-    alone; without it (evaluation), batches follow length order.
-    """
+    """Groups the indices of `lengths` (padded) into batches of similar length such that
+    `len(batch) * max(lengths in batch) <= max_tokens`, or of one example over the budget.
+    With `shuffle` (training), ties in length and the batch order are random, drawn from
+    (seed, epoch) alone; without it (evaluation), batches follow length order."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
     rng = random.Random(seed * SHUFFLE_SEED_STRIDE + epoch)
@@ -173,11 +166,8 @@ def token_budget_batches(
 
 
 def truncate(ids: list[int], max_len: int, head_tail: bool = False) -> list[int]:
-    """A new list of at most `max_len` (>= 1) of `ids`.
-
-    `head_tail` keeps the first quarter of the budget and the last three quarters, the split
-    Sun et al. (2019) found best on long reviews, whose ending carries much of the sentiment.
-    """
+    """A new list of at most `max_len` (>= 1) of `ids`; `head_tail` keeps the first quarter
+    and the last three quarters, found best on long reviews by Sun et al. (2019)."""
     if max_len < 1:
         raise ValueError(f"max_len must be at least 1, got {max_len}")
     if len(ids) <= max_len:

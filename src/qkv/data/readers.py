@@ -1,8 +1,5 @@
-"""Corpus readers: plain or gzipped UTF-8 text, JSON Lines, CSV and TSV.
-
-Every problem with a file (missing, not UTF-8, truncated gzip, malformed record) is a
-`DataError` naming the file and, where it applies, the 1-based line; no other exception
-escapes for a bad file.
+"""Corpus readers: plain or gzipped UTF-8 text, JSON Lines, CSV and TSV. Every problem with
+a file is a `DataError` naming the file and, where it applies, the 1-based line.
 """
 
 from __future__ import annotations
@@ -78,13 +75,10 @@ def read_labelled(
     known_labels: Collection[str] | None = None,
     clean: Callable[[str], str] | None = None,
 ) -> tuple[list[str], list[str]]:
-    """Reads a text-classification file into (texts, labels).
-
-    The suffix (less ".gz") gives the format: ".jsonl"/".json" hold one JSON object per line,
-    ".csv" and ".tsv" a header row naming the columns, then records; TSV fields are not
-    quoted, so quotation marks are kept. Blank lines are skipped. Labels are strings (a JSON
-    1 becomes "1") in NFC, so that labels that look the same are the same. `known_labels`
-    restricts the labels; a text blank once passed through `clean` is refused.
+    """Reads a text-classification file into (texts, labels); a text blank once `clean`ed is
+    refused. The suffix (less ".gz") gives the format: ".jsonl"/".json" (one JSON object a line),
+    ".csv" or ".tsv" (a header row, then records; TSV fields are not quoted). Labels are
+    strings (a JSON 1 becomes "1") in NFC, so that labels that look the same are the same.
     """
     texts: list[str] = []
     labels: list[str] = []
@@ -328,9 +322,8 @@ def _json_problem(error: Exception, line: str) -> str:
     return problem
 
 
-def _short(error: Exception, limit: int = 120) -> str:
-    message = str(error).splitlines()[0] if str(error) else type(error).__name__
-    return message if len(message) <= limit else message[: limit - 3] + "..."
+def _short(error: Exception) -> str:
+    return _short_text(str(error).splitlines()[0] if str(error) else type(error).__name__, 120)
 
 
 def _short_text(text: str, limit: int = 40) -> str:

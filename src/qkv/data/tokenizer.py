@@ -129,11 +129,8 @@ class Tokenizer:
         return self.encode_batch([text])[0]
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """Token ids of many texts, encoded in parallel; the same as `encode` on each.
-
-        A text that is not a string is a TypeError, one holding a lone surrogate (from an
-        undecodable byte of a command-line argument or a JSON escape) a ValueError.
-        """
+        """Token ids of many texts, encoded in parallel; the same as `encode` on each. A text
+        holding a lone surrogate (from an undecodable byte, say) is a ValueError."""
         texts = list(texts)  # a generator is read once
         try:
             with _interrupts_kept():
@@ -159,8 +156,7 @@ class Tokenizer:
 
     def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
         """`decode` for many id sequences at once."""
-        valid = [self._valid(ids) for ids in batch]
-        return self._hf.decode_batch(valid, skip_special_tokens=True)
+        return self._hf.decode_batch([self._valid(ids) for ids in batch], skip_special_tokens=True)
 
     def tokens(self, text: str) -> list[str]:
         """Display labels (see `tokens_from_ids`) of the pieces `encode` cuts `text` into."""

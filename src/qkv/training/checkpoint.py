@@ -1,10 +1,8 @@
 """Checkpoints that are never half-written and never unpickled.
 
-A checkpoint is a directory `checkpoints/step-000500/` of `model.safetensors`,
-`optimizer.safetensors` (with the RNG states) and `state.json` (progress, optimiser settings,
-the other files' SHA-256). It is written as `step-000500.tmp/`, every file fsync'ed, then
-renamed, so a crash leaves the whole checkpoint or none; loading re-checks every checksum, so a
-torn file is reported, not used.
+A checkpoint `checkpoints/step-0000500/` holds `model.safetensors`, `optimizer.safetensors`
+(with the RNG states) and `state.json` (progress, optimiser settings, the files' SHA-256). It
+is written as `step-0000500.tmp/`, fsync'ed, then renamed; loading re-checks every checksum.
 """
 
 from __future__ import annotations
@@ -147,21 +145,16 @@ def load_weights(model: nn.Module, path: Path) -> None:
                 f"{path}: {name} has shape {tuple(tensor.shape)}, the config expects "
                 f"{tuple(expected[name].shape)}"
             )
-    damaged = [
-        name
-        for name, tensor in tensors.items()
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())
-    ]
-    if damaged:
-        raise CheckpointError(
-            f"{path}: {damaged[0]} holds values that are not finite (inf or NaN): the file is "
-            "damaged, or was saved from a run that diverged"
-        )
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise CheckpointError(
+                f"{path}: {name} holds values that are not finite (inf or NaN): the file is "
+                "damaged, or was saved from a run that diverged"
+            )
     model.load_state_dict(tensors, strict=False)
 
 
 def read_metadata(path: Path) -> dict[str, str]:
-    """The metadata in a safetensors file's header (a file `read_safetensors` has read)."""
+    """The metadata in the header of a safetensors file `read_safetensors` has read."""
     try:
         with safe_open(str(path), "pt") as handle:
             return dict(handle.metadata() or {})

@@ -27,11 +27,9 @@ LossFn = Callable[[Inputs], tuple[Tensor, Tensor]]  # -> summed loss, number of 
 class GraphedStep:
     """One optimiser step per call, replayed from the CUDA graph of the inputs' shape.
 
-    `optimizer` must be AdamW with its fused kernel (`qkv.training.optimizer.adamw`), the
-    only kind that can skip an update on the device; `loss` returns 0-dim tensors with no host
-    sync. `graph` (by default: on a CUDA device) records graphs; without, the same step runs
-    eagerly, which is how it is tested on a CPU. Shapes beyond `MAX_GRAPHS` run eagerly.
-    """
+    `optimizer` must be a fused AdamW, which can skip an update on the device. `graph` (by
+    default: on a CUDA device) records graphs; without, the same step runs eagerly, as in the
+    CPU tests. Shapes beyond `MAX_GRAPHS` run eagerly."""
 
     MAX_GRAPHS = 64
 

@@ -14,12 +14,8 @@ def nonpad_logits(
     output: nn.Module, states: Tensor, labels: Tensor, pad_id: int
 ) -> tuple[Tensor, Tensor]:
     """Logits (M', V) and labels (M',) of the M decoder states (B, T, D) whose label (B, T)
-    is not `pad_id`: the output projection, a step's largest matmul, skips padding.
-
-    On the CPU, M is rounded up to the row count oneDNN's linear layers take
-    (`qkv.fast.linear`) with rows labelled `pad_id`, so the logits' gradient needs no widened
-    copy; `smoothed_cross_entropy(..., ignore_index=pad_id)` leaves them out.
-    """
+    is not `pad_id`: the output projection, a step's largest matmul, skips padding. On the CPU,
+    M' rounds M up to the row count `qkv.fast.linear` takes, with rows labelled `pad_id`."""
     rows = Packing.from_mask(labels != pad_id, round_rows=states.device.type == "cpu")
     picked = rows.pack(labels)  # (M',)
     picked[rows.count :] = pad_id

@@ -131,12 +131,9 @@ class Trainer:
         self.task, self.config, self.run_dir, self.device = task, config, run_dir, device
         self.model = task.model.to(device)
         trainable = [p for p in self.model.parameters() if p.requires_grad]
+        betas = (config.beta1, config.beta2)
         self.optimizer = adamw(
-            trainable,
-            device,
-            lr=config.lr,
-            betas=(config.beta1, config.beta2),
-            weight_decay=config.weight_decay,
+            trainable, device, config.lr, betas, weight_decay=config.weight_decay
         )
         self.graphed: GraphedStep | None = None  # made at the first step, after any resume
         self.progress = Progress()
@@ -360,9 +357,9 @@ class Trainer:
         ):
             return None
         if self.graphed is None:
-            dtype = torch.bfloat16 if c.bf16 else None
             if c.fast:  # else the reference model, whose shapes are fixed already
                 fast.apply(self.model, packed=False)  # fixed shapes, no host sync
+            dtype = torch.bfloat16 if c.bf16 else None
             self.graphed = GraphedStep(
                 self.model, self.optimizer, self.task.padded_loss, max_norm, dtype
             )
@@ -409,8 +406,7 @@ class Trainer:
             print(f"warning: not averaging a bad checkpoint: {problem}")
         if len(found) < 2:
             return
-        averaged = ckpt.average_weights(found)
-        self.model.load_state_dict(averaged, strict=False)
+        self.model.load_state_dict(ckpt.average_weights(found), strict=False)
         metrics = self.evaluate()
         self.log.write({"split": "valid", "step": p.step, "averaged": len(found), **metrics})
         tqdm.write(
