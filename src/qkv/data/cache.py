@@ -58,14 +58,11 @@ def load_id_lists(path: Path) -> dict[str, list[list[int]]] | None:
     except (SafetensorError, OSError, ValueError):
         return None
     out: dict[str, list[list[int]]] = {}
-    for key in tensors:
-        if not key.endswith(".ids"):
-            continue
-        name = key.removesuffix(".ids")
-        lengths = tensors.get(f"{name}.lengths")
-        if lengths is None or int(lengths.sum()) != tensors[key].numel():
+    for name in [key.removesuffix(".ids") for key in tensors if key.endswith(".ids")]:
+        ids, lengths = tensors[f"{name}.ids"], tensors.get(f"{name}.lengths")
+        if lengths is None or int(lengths.sum()) != ids.numel():
             return None
-        flat = tensors[key].tolist()
+        flat = ids.tolist()
         ends = np.cumsum(lengths.numpy()).tolist()
         starts = [0, *ends[:-1]]
         out[name] = [flat[a:b] for a, b in zip(starts, ends, strict=True)]

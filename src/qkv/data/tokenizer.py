@@ -158,14 +158,10 @@ class Tokenizer:
         """`decode` for many id sequences at once."""
         return self._hf.decode_batch([self._valid(ids) for ids in batch], skip_special_tokens=True)
 
-    def tokens(self, text: str) -> list[str]:
-        """Display labels (see `tokens_from_ids`) of the pieces `encode` cuts `text` into."""
-        return [_display(piece) for piece in self._hf.encode(text, add_special_tokens=False).tokens]
-
     def tokens_from_ids(self, ids: Sequence[int]) -> list[str]:
         """Display labels of ids, e.g. for attention plots: "▁Zwei", "▁Männ", "er" read
         "Zwei", "Männ", "er"; a bare "▁" stays "▁", and special tokens show their names."""
-        return [_display(self.id_to_token(i)) for i in ids]
+        return [self.id_to_token(i).removeprefix(WORD_MARKER) or WORD_MARKER for i in ids]
 
     def id_to_token(self, token_id: int) -> str:
         """The vocabulary entry of an id, marker included ("▁Zwei"); IndexError outside it."""
@@ -177,10 +173,6 @@ class Tokenizer:
     def _valid(self, ids: Sequence[int]) -> list[int]:
         size = self.vocab_size
         return [int(i) for i in ids if 0 <= i < size]
-
-
-def _display(piece: str) -> str:
-    return piece.removeprefix(WORD_MARKER) or piece
 
 
 @contextmanager

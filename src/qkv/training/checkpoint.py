@@ -298,14 +298,7 @@ def load_checkpoint(
 
 def list_checkpoints(root: Path) -> list[Path]:
     """Finished checkpoints under `root`, oldest first (temporary ones are ignored)."""
-    if not root.is_dir():
-        return []
-    found = [
-        p
-        for p in root.iterdir()
-        if p.is_dir() and p.name.startswith("step-") and not p.name.endswith(".tmp")
-    ]
-    return sorted(found, key=lambda p: p.name)
+    return sorted(p for p in root.glob("step-*") if p.is_dir() and p.suffix != ".tmp")
 
 
 def latest_good_checkpoint(

@@ -83,13 +83,12 @@ class GraphedStep:
 
     def _set_lr(self, lr: float) -> None:
         """A recorded step reads the learning rate from `self.lr`; an eager one from the group."""
-        if not self.record:
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            return
         self.lr.fill_(lr)
         for group in self.optimizer.param_groups:
-            group["lr"], group["capturable"] = self.lr, True
+            if self.record:
+                group["lr"], group["capturable"] = self.lr, True
+            else:
+                group["lr"] = lr
 
     def _body(self, inputs: Inputs) -> None:
         """Forward, backward, clipping and the optimiser step, with no host sync."""

@@ -263,8 +263,6 @@ class Trainer:
         max_norm = c.clip_norm if c.clip_norm > 0 else math.inf
         graphed = self.graphed_step(max_norm)
         if graphed is not None:
-            # Forward, backward, clipping and the update in one replay; the update is skipped
-            # on the device when the loss or the norm is not finite.
             assert isinstance(self.task, GraphableTask) and len(group) == 1
             loss_t, norm_t = graphed.step(self.task.padded_inputs(group[0], self.device), lr)
             loss_sum, norm, stats = float(loss_t), float(norm_t), dict[str, float]()
