@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from qkv.errors import CheckpointError
@@ -127,8 +127,8 @@ def save_weights(model: nn.Module, path: Path, metadata: dict[str, str] | None =
 def load_weights(model: nn.Module, path: Path) -> None:
     """Load safetensors weights into `model`, with a clear error when they do not fit, are
     not finite, or do not match the digest that `save_weights` wrote."""
-    tensors = read_safetensors(path)
-    digest = read_metadata(path).get(DIGEST_KEY)
+    tensors, metadata = read_safetensors(path)
+    digest = metadata.get(DIGEST_KEY)
     if digest is not None and digest != tensors_digest(tensors):
         raise CheckpointError(f"{path}: checksum mismatch (the file is torn or corrupt)")
     expected = model_tensors(model)
@@ -153,20 +153,14 @@ def load_weights(model: nn.Module, path: Path) -> None:
     model.load_state_dict(tensors, strict=False)
 
 
-def read_metadata(path: Path) -> dict[str, str]:
-    """The metadata in the header of a safetensors file `read_safetensors` has read."""
-    try:
-        with safe_open(str(path), "pt") as handle:
-            return dict(handle.metadata() or {})
-    except (SafetensorError, OSError, ValueError) as error:
-        raise CheckpointError(f"{path}: not a readable safetensors file ({error})") from None
-
-
-def read_safetensors(path: Path) -> dict[str, Tensor]:
+def read_safetensors(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """The tensors and the metadata of a safetensors file."""
     if not path.is_file():
         raise CheckpointError(f"{path}: file not found")
     try:
-        return load_file(str(path))
+        with safe_open(str(path), "pt") as handle:
+            names, metadata = handle.keys(), handle.metadata() or {}
+            return {name: handle.get_tensor(name) for name in names}, metadata
     except (SafetensorError, OSError, ValueError) as error:
         raise CheckpointError(f"{path}: not a readable safetensors file ({error})") from None
 
@@ -285,7 +279,7 @@ def load_checkpoint(
     """Restore model (and optimizer) from a verified checkpoint; return its state and RNG."""
     record = verify_checkpoint(directory)
     load_weights(model, directory / "model.safetensors")
-    extra = read_safetensors(directory / "optimizer.safetensors")
+    extra, _ = read_safetensors(directory / "optimizer.safetensors")
     rng = {k.removeprefix("rng."): v for k, v in extra.items() if k.startswith("rng.")}
     if optimizer is not None:
         opt = {k: v for k, v in extra.items() if not k.startswith("rng.")}
@@ -345,7 +339,7 @@ def average_weights(directories: list[Path]) -> dict[str, Tensor]:
     """The element-wise mean of the model weights of several verified checkpoints."""
     total: dict[str, Tensor] = {}
     for directory in directories:
-        for name, tensor in read_safetensors(directory / "model.safetensors").items():
+        for name, tensor in read_safetensors(directory / "model.safetensors")[0].items():
             if tensor.is_floating_point():
                 tensor = total.get(name, 0) + tensor.double()
             total[name] = tensor

@@ -144,18 +144,18 @@ class Trainer:
         """The directory of the checkpoint of `step` (written or not)."""
         return self.checkpoints / f"step-{step:07d}"
 
-    def save(self) -> Path:
+    def save(self) -> None:
+        if rank() != 0:
+            return
+        rng = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state()
         directory = self.checkpoint_at(self.progress.step)
-        if rank() == 0:
-            rng = {"torch": torch.get_rng_state()}
-            if torch.cuda.is_available():
-                rng["cuda"] = torch.cuda.get_rng_state()
-            state = {"progress": vars(self.progress)}
-            ckpt.save_checkpoint(directory, self.model, self.optimizer, state, rng)
-            ckpt.prune_checkpoints(
-                self.checkpoints, max(self.config.keep_checkpoints, self.config.average_last)
-            )
-        return directory
+        state = {"progress": vars(self.progress)}
+        ckpt.save_checkpoint(directory, self.model, self.optimizer, state, rng)
+        ckpt.prune_checkpoints(
+            self.checkpoints, max(self.config.keep_checkpoints, self.config.average_last)
+        )
 
     def resume(self) -> None:
         """Continue from the newest checkpoint that verifies, reporting any bad newer ones."""
