@@ -88,11 +88,8 @@ def pad_to_bucket(batch: PairBatch, rows: int = 16, length: int = 8) -> PairBatc
 
 def target_rows(labels: torch.Tensor, multiple: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
     """The flat positions b * T + t of the real targets of CPU labels (B, T), and their labels:
-    rows (K,) and labels (K,), K rounded up to a multiple of `multiple` with 0 and PAD.
-
-    A CUDA-graph step cannot count the real targets on the device without a read-back; the
-    host can, and projecting only these rows skips the (rows, V) logits of padding.
-    """
+    rows (K,) and labels (K,), K rounded up to a multiple of `multiple` with 0 and PAD. The
+    host counts the targets, which a CUDA-graph step could not without a read-back."""
     flat = labels.reshape(-1)  # (B * T,)
     real = (flat != PAD_ID).nonzero().squeeze(1)  # (M,)
     size = max(round_up(real.numel(), multiple), multiple)

@@ -1,7 +1,5 @@
-"""Tokenized corpora cached as safetensors (flat ids + lengths), so a run tokenizes once.
-
-The cache also holds a digest of each split's text, so that a resumed run accepts the same
-data at a new place and refuses other data.
+"""Tokenized corpora cached as safetensors (flat ids + lengths), so a run tokenizes once, with
+a digest of each split's text: a resumed run accepts the same data at a new place, no other.
 """
 
 from __future__ import annotations

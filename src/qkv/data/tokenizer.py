@@ -1,8 +1,5 @@
-"""Subword tokenizer: byte-pair encoding over SentencePiece-style "▁"-marked words.
-
-Wraps a Hugging Face `tokenizers.Tokenizer` with what the package relies on: the special
-tokens of `qkv.data.special` take the first ids, encoding adds no special tokens (batching
-adds BOS, EOS and CLS), and `decode(encode(text))` gives back ordinary text.
+"""Subword tokenizer: byte-pair encoding over SentencePiece-style "▁"-marked words, with the
+special tokens of `qkv.data.special` first; encoding adds none (batching adds BOS, EOS, CLS).
 """
 
 from __future__ import annotations

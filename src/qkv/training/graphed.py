@@ -1,11 +1,8 @@
-"""Training steps recorded once per batch shape as a CUDA graph, then replayed.
+"""Training steps recorded once per batch shape as a CUDA graph, then replayed in one launch.
 
-A small model's step is many short kernels, launched by Python more slowly than the GPU runs
-them; a graph replays forward, backward, clipping and AdamW in one launch. So a step takes
-inputs padded to a few bucket shapes (`qkv.data.batching.bucket_inputs`), never waits for the
-device (the learning rate is a device tensor, and AdamW's fused kernel skips a non-finite step
-through its `found_inf` flag), and zeroes its gradients in place. The graphs share one memory
-pool; the loss and gradient norm are copied outside it.
+A step takes inputs padded to a few bucket shapes (`qkv.data.batching.bucket_inputs`), never
+waits for the device (the learning rate is a device tensor; AdamW's fused kernel skips a
+non-finite step through its `found_inf` flag), and zeroes its gradients in place.
 """
 
 from __future__ import annotations
