@@ -31,18 +31,13 @@ def padding_fraction(lengths: list[int], batches: list[list[int]]) -> float:
 
 
 @pytest.mark.parametrize("shuffle", [True, False])
-@pytest.mark.parametrize("max_sentences", [None, 7])
-def test_budget_and_coverage(shuffle: bool, max_sentences: int | None) -> None:
+def test_budget_and_coverage(shuffle: bool) -> None:
     lengths = [*random_lengths(), 500, 1000]  # two examples longer than the budget
-    batches = token_budget_batches(
-        lengths, 400, shuffle=shuffle, seed=3, epoch=1, max_sentences=max_sentences
-    )
+    batches = token_budget_batches(lengths, 400, shuffle=shuffle, seed=3, epoch=1)
     assert sorted(i for batch in batches for i in batch) == list(range(len(lengths)))
     for batch in batches:
         assert batch
         assert len(batch) * max(lengths[i] for i in batch) <= 400 or len(batch) == 1
-        if max_sentences is not None:
-            assert len(batch) <= max_sentences
     assert [len(lengths) - 2] in batches and [len(lengths) - 1] in batches
 
 
@@ -87,8 +82,6 @@ def test_empty_lengths_and_bad_arguments() -> None:
     assert token_budget_batches([], 100, shuffle=True, seed=0, epoch=0) == []
     with pytest.raises(ValueError):
         token_budget_batches([1], 0, shuffle=False, seed=0, epoch=0)
-    with pytest.raises(ValueError):
-        token_budget_batches([1], 10, shuffle=False, seed=0, epoch=0, max_sentences=0)
 
 
 def test_pair_lengths() -> None:

@@ -76,7 +76,6 @@ def test_tokenizer_never_crashes(tokenizer: Tokenizer, text: str) -> None:
     assert all(0 <= i < tokenizer.vocab_size for i in ids)
     assert tokenizer.encode_batch([text, text]) == [ids, ids]
     assert isinstance(tokenizer.decode(ids), str)
-    assert len(tokenizer.tokens(text)) == len(ids)
 
 
 @FUZZ

@@ -239,7 +239,7 @@ def test_weights_that_do_not_fit_the_model(tmp_path: Path) -> None:
 def test_a_changed_byte_in_the_weights_is_found(tmp_path: Path) -> None:
     path = tmp_path / "model.safetensors"
     ckpt.save_weights(model(), path, {"note": "kept"})
-    assert ckpt.read_metadata(path)["note"] == "kept"
+    assert ckpt.read_safetensors(path)[1]["note"] == "kept"
     loaded = model()
     nn.init.zeros_(loaded[0].weight)
     ckpt.load_weights(loaded, path)
@@ -255,7 +255,7 @@ def test_a_changed_byte_in_the_weights_is_found(tmp_path: Path) -> None:
 def test_weights_without_a_digest_load_as_they_are(tmp_path: Path) -> None:
     path = tmp_path / "model.safetensors"
     save_file(ckpt.model_tensors(model()), str(path))  # another writer: no qkv digest
-    assert ckpt.DIGEST_KEY not in ckpt.read_metadata(path)
+    assert ckpt.DIGEST_KEY not in ckpt.read_safetensors(path)[1]
     ckpt.load_weights(model(), path)
 
 

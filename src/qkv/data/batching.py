@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from itertools import chain
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -17,10 +18,22 @@ import torch
 from qkv.data.special import BOS_ID, CLS_ID, EOS_ID, PAD_ID
 
 SHUFFLE_SEED_STRIDE = 100003  # prime: distinct (seed, epoch) pairs give distinct RNG seeds
+_B = TypeVar("_B", bound="_Batch")
 
 
 @dataclass(frozen=True)
-class PairBatch:
+class _Batch:
+    def to(self: _B, device: torch.device | str, non_blocking: bool = False) -> _B:
+        """The same batch on `device`."""
+        moved = {
+            f.name: getattr(self, f.name).to(device, non_blocking=non_blocking)
+            for f in fields(self)
+        }
+        return type(self)(**moved)
+
+
+@dataclass(frozen=True)
+class PairBatch(_Batch):
     """A batch of translation pairs."""
 
     src: torch.Tensor  # (B, S) source ids
@@ -32,41 +45,18 @@ class PairBatch:
         """Number of non-pad labels, the denominator of a per-token loss."""
         return int((self.labels != PAD_ID).sum())
 
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> PairBatch:
-        """The same batch on `device`."""
-        return PairBatch(
-            src=self.src.to(device, non_blocking=non_blocking),
-            tgt_in=self.tgt_in.to(device, non_blocking=non_blocking),
-            labels=self.labels.to(device, non_blocking=non_blocking),
-        )
-
 
 @dataclass(frozen=True)
-class TextBatch:
+class TextBatch(_Batch):
     """A batch of texts to classify."""
 
     ids: torch.Tensor  # (B, S) token ids, CLS first when the model pools on it
     labels: torch.Tensor  # (B,) class indices
 
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> TextBatch:
-        """The same batch on `device`."""
-        return TextBatch(
-            ids=self.ids.to(device, non_blocking=non_blocking),
-            labels=self.labels.to(device, non_blocking=non_blocking),
-        )
-
 
 def collate_pairs(src: Sequence[list[int]], tgt: Sequence[list[int]]) -> PairBatch:
-    """Pads source and target sequences into a `PairBatch` whose `tgt_in` is `[BOS] + tgt`
-    and whose `labels` are `tgt + [EOS]`.
-
-    Args:
-        src: B source id lists, each non-empty, without special tokens.
-        tgt: B target id lists, without special tokens.
-
-    Raises:
-        ValueError: the batch is empty, the sides differ in size, or a source is empty.
-    """
+    """Pads B non-empty sources and B targets (no special tokens) into a `PairBatch` whose
+    `tgt_in` is `[BOS] + tgt` and whose `labels` are `tgt + [EOS]`."""
     if len(src) != len(tgt):
         raise ValueError(f"{len(src)} sources but {len(tgt)} targets")
     if not src:
@@ -82,22 +72,14 @@ def collate_pairs(src: Sequence[list[int]], tgt: Sequence[list[int]]) -> PairBat
 
 
 def pad_to_bucket(batch: PairBatch, rows: int = 16, length: int = 8) -> PairBatch:
-    """The batch padded to a coarser shape, on its device: src (B', S'), tgt_in, labels (B', T').
-
-    B is rounded up to a multiple of `rows`, S and T to multiples of `length`, so that a few
-    CUDA graphs (one shape each) serve every batch. Added rows have all-PAD labels, adding
-    nothing to the loss, and hold EOS in the source and BOS in the decoder input so that
-    their attention has a key and stays finite.
-
-    Args:
-        batch: src (B, S), tgt_in and labels (B, T).
-        rows, length: the multiples B and S, T are rounded up to.
-    """
+    """The batch padded to a coarser shape, on its device: src (B', S'), tgt_in, labels (B', T')
+    with B, S, T rounded up to multiples of `rows` and `length`, so that a few CUDA graphs serve
+    every batch. Added rows have all-PAD labels and hold EOS in the source and BOS in the
+    decoder input, so that their attention has a key and stays finite."""
     batch_size, src_len = batch.src.shape
-    tgt_len = batch.labels.size(1)
     size = round_up(batch_size, rows)
     src = pad_ids(batch.src, size, round_up(src_len, length))  # (B', S')
-    tgt_in = pad_ids(batch.tgt_in, size, round_up(tgt_len, length))  # (B', T')
+    tgt_in = pad_ids(batch.tgt_in, size, round_up(batch.labels.size(1), length))  # (B', T')
     labels = pad_ids(batch.labels, size, tgt_in.size(1))  # (B', T')
     src[batch_size:, 0] = EOS_ID
     tgt_in[batch_size:, 0] = BOS_ID
@@ -105,17 +87,9 @@ def pad_to_bucket(batch: PairBatch, rows: int = 16, length: int = 8) -> PairBatc
 
 
 def target_rows(labels: torch.Tensor, multiple: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
-    """The flat positions b * T + t of the real targets of a padded batch, and their labels:
-    rows (K,) and labels (K,), long, filled up with 0 and with PAD (which a loss ignores).
-
-    A CUDA-graph step cannot count the real targets on the device without a read-back; the
-    host can. Projecting only these rows to the vocabulary skips the largest matmul and its
-    (rows, V) logits on padding.
-
-    Args:
-        labels: (B, T) on the CPU, PAD where there is no target.
-        multiple: K is the number of real targets rounded up to a multiple of this.
-    """
+    """The flat positions b * T + t of the real targets of CPU labels (B, T), and their labels:
+    rows (K,) and labels (K,), K rounded up to a multiple of `multiple` with 0 and PAD. The
+    host counts the targets, which a CUDA-graph step could not without a read-back."""
     flat = labels.reshape(-1)  # (B * T,)
     real = (flat != PAD_ID).nonzero().squeeze(1)  # (M,)
     size = max(round_up(real.numel(), multiple), multiple)
@@ -127,19 +101,14 @@ def target_rows(labels: torch.Tensor, multiple: int = 256) -> tuple[torch.Tensor
 
 
 def bucket_inputs(batch: PairBatch) -> dict[str, torch.Tensor]:
-    """A CPU batch as the inputs of a CUDA-graph training step: `pad_to_bucket`, then
-    `target_rows`.
-
-    Returns:
-        src (B', S'), tgt_in (B', T'), rows (K,) and labels (K,), on the CPU.
-    """
+    """A CPU batch as a CUDA-graph training step's inputs: src (B', S'), tgt_in (B', T'),
+    rows (K,) and labels (K,) from `pad_to_bucket` and `target_rows`."""
     padded = pad_to_bucket(batch)
     rows, labels = target_rows(padded.labels)  # (K,) each
     return {"src": padded.src, "tgt_in": padded.tgt_in, "rows": rows, "labels": labels}
 
 
 def round_up(n: int, multiple: int) -> int:
-    """The smallest multiple of `multiple` that is at least n."""
     return -(-n // multiple) * multiple
 
 
@@ -151,16 +120,8 @@ def pad_ids(ids: torch.Tensor, batch_size: int, length: int) -> torch.Tensor:
 
 
 def collate_texts(ids: Sequence[list[int]], labels: Sequence[int], cls: bool = False) -> TextBatch:
-    """Pads texts into a `TextBatch`.
-
-    Args:
-        ids: B id lists, without special tokens.
-        labels: B class indices.
-        cls: put CLS first in each text, for models that classify from its output.
-
-    Raises:
-        ValueError: the batch is empty or `ids` and `labels` differ in size.
-    """
+    """Pads B texts (no special tokens, CLS put first with `cls`) and their B class indices
+    into a `TextBatch`."""
     if len(ids) != len(labels):
         raise ValueError(f"{len(ids)} texts but {len(labels)} labels")
     if not ids:
@@ -180,35 +141,14 @@ def pair_lengths(src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]]) -> 
 
 
 def token_budget_batches(
-    lengths: Sequence[int],
-    max_tokens: int,
-    *,
-    shuffle: bool,
-    seed: int,
-    epoch: int,
-    max_sentences: int | None = None,
+    lengths: Sequence[int], max_tokens: int, *, shuffle: bool, seed: int, epoch: int
 ) -> list[list[int]]:
-    """Groups the indices of `lengths` into batches of similar length under a token budget;
-    each index appears in exactly one batch.
-
-    Examples are sorted by length and cut greedily so that `len(batch) * max(lengths in
-    batch) <= max_tokens`; an example over the budget is a batch of its own. With `shuffle`,
-    ties in length and the batch order are random, drawn from (seed, epoch) alone.
-
-    Args:
-        lengths: padded length of each example (see `pair_lengths`).
-        max_tokens: tokens per batch, padding included.
-        shuffle: randomise (training); without it, batches follow length order (evaluation).
-        seed, epoch: the run seed and the epoch number.
-        max_sentences: optional cap on the examples per batch.
-
-    Raises:
-        ValueError: `max_tokens` or `max_sentences` is below 1.
-    """
+    """Groups the indices of `lengths` (padded) into batches of similar length such that
+    `len(batch) * max(lengths in batch) <= max_tokens`, or of one example over the budget.
+    With `shuffle` (training), ties in length and the batch order are random, drawn from
+    (seed, epoch) alone; without it (evaluation), batches follow length order."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
-    if max_sentences is not None and max_sentences < 1:
-        raise ValueError(f"max_sentences must be at least 1, got {max_sentences}")
     rng = random.Random(seed * SHUFFLE_SEED_STRIDE + epoch)
     sizes = np.asarray(lengths, dtype=np.int64).reshape(-1)
     if shuffle:
@@ -216,22 +156,15 @@ def token_budget_batches(
         order = np.lexsort((tie_breaks, sizes))  # by length, then by random key
     else:
         order = np.argsort(sizes, kind="stable")
-    batches = _cut(sizes[order].tolist(), order.tolist(), max_tokens, max_sentences)
+    batches = _cut(sizes[order].tolist(), order.tolist(), max_tokens)
     if shuffle:
         rng.shuffle(batches)
     return batches
 
 
 def truncate(ids: list[int], max_len: int, head_tail: bool = False) -> list[int]:
-    """A new list of at most `max_len` of `ids`, which is left unchanged.
-
-    Args:
-        ids: the sequence.
-        max_len: the most ids to keep, at least 1.
-        head_tail: keep the first quarter of the budget and the last three quarters, the
-            split Sun et al. (2019, "How to Fine-Tune BERT for Text Classification") found
-            best on long reviews, whose ending carries much of the sentiment.
-    """
+    """A new list of at most `max_len` (>= 1) of `ids`; `head_tail` keeps the first quarter
+    and the last three quarters, found best on long reviews by Sun et al. (2019)."""
     if max_len < 1:
         raise ValueError(f"max_len must be at least 1, got {max_len}")
     if len(ids) <= max_len:
@@ -242,18 +175,14 @@ def truncate(ids: list[int], max_len: int, head_tail: bool = False) -> list[int]
     return ids[:head] + ids[len(ids) - (max_len - head) :]
 
 
-def _cut(
-    sorted_lengths: list[int], indices: list[int], max_tokens: int, max_sentences: int | None
-) -> list[list[int]]:
+def _cut(sorted_lengths: list[int], indices: list[int], max_tokens: int) -> list[list[int]]:
     """Greedy cut of length-sorted examples; each batch found by binary search on its end."""
     batches: list[list[int]] = []
     start, n = 0, len(indices)
     while start < n:
-        cap = max_tokens // max(sorted_lengths[start], 1)
-        if max_sentences is not None:
-            cap = min(cap, max_sentences)
+        cap = max(max_tokens // max(sorted_lengths[start], 1), 1)
         # (end - start) * sorted_lengths[end - 1] grows with end: the last end in budget.
-        low, high = start + 1, min(n, start + max(cap, 1))
+        low, high = start + 1, min(n, start + cap)
         while low < high:
             middle = (low + high + 1) // 2
             if (middle - start) * sorted_lengths[middle - 1] <= max_tokens:
@@ -268,8 +197,7 @@ def _cut(
 def _pad_rows(
     rows: Sequence[Sequence[int]], first: int | None = None, last: int | None = None
 ) -> np.ndarray:
-    """Rows right-padded with PAD into an int64 array of shape (len(rows), longest row +
-    framing), each optionally framed by `first` and `last`."""
+    """Rows framed by `first` and `last` (if given), right-padded with PAD: an int64 array."""
     offset = int(first is not None)
     lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
     width = int(lengths.max(initial=0)) + offset + int(last is not None)

@@ -1,13 +1,10 @@
-"""Tokenized corpora cached as safetensors (flat ids + lengths), so a run tokenizes once.
-
-The cache also holds a digest of each split's text, so that a resumed run accepts the same
-data at a new place and refuses other data.
+"""Tokenized corpora cached as safetensors (flat ids + lengths), so a run tokenizes once, with
+a digest of each split's text: a resumed run accepts the same data at a new place, no other.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,10 +14,9 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
 from qkv.errors import DataError
-from qkv.training.checkpoint import save_tensors
+from qkv.training.checkpoint import replacing, save_tensors
 
-DIGEST_PREFIX = "digest."
-"""Prefix of the cache's metadata keys: "digest.train" holds the training text's digest."""
+DIGEST_PREFIX = "digest."  # metadata "digest.train" holds the training text's digest
 
 
 def text_digest(*columns: Sequence[str]) -> str:
@@ -48,10 +44,9 @@ def save_id_lists(
         tensors[f"{name}.ids"] = torch.from_numpy(flat)
         tensors[f"{name}.lengths"] = torch.from_numpy(lengths)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
     metadata = {DIGEST_PREFIX + split: value for split, value in (digests or {}).items()}
-    save_tensors(tensors, tmp, metadata)
-    os.replace(tmp, path)
+    with replacing(path) as tmp:
+        save_tensors(tensors, tmp, metadata)
 
 
 def load_id_lists(path: Path) -> dict[str, list[list[int]]] | None:
@@ -61,14 +56,11 @@ def load_id_lists(path: Path) -> dict[str, list[list[int]]] | None:
     except (SafetensorError, OSError, ValueError):
         return None
     out: dict[str, list[list[int]]] = {}
-    for key in tensors:
-        if not key.endswith(".ids"):
-            continue
-        name = key.removesuffix(".ids")
-        lengths = tensors.get(f"{name}.lengths")
-        if lengths is None or int(lengths.sum()) != tensors[key].numel():
+    for name in [key.removesuffix(".ids") for key in tensors if key.endswith(".ids")]:
+        ids, lengths = tensors[f"{name}.ids"], tensors.get(f"{name}.lengths")
+        if lengths is None or int(lengths.sum()) != ids.numel():
             return None
-        flat = tensors[key].tolist()
+        flat = ids.tolist()
         ends = np.cumsum(lengths.numpy()).tolist()
         starts = [0, *ends[:-1]]
         out[name] = [flat[a:b] for a, b in zip(starts, ends, strict=True)]
@@ -76,17 +68,9 @@ def load_id_lists(path: Path) -> dict[str, list[list[int]]] | None:
 
 
 def check_same_data(path: Path, texts: dict[str, tuple[Path, str]]) -> None:
-    """Refuses text that is not what the cache at `path` was made from.
-
-    Args:
-        path: the cache file; a missing or unreadable one, or one without digests, checks
-            nothing.
-        texts: by split name ("train", or "train.src" for one side), the file read and the
-            `text_digest` of its text.
-
-    Raises:
-        DataError: naming the first file whose text differs from the cached digest.
-    """
+    """Refuses text that is not what the cache at `path` (if readable, with digests) was made
+    from: `texts` holds, by split name ("train", or "train.src" for one side), the file read
+    and the `text_digest` of its text."""
     try:
         with safe_open(str(path), "pt") as cache:
             metadata = cache.metadata() or {}

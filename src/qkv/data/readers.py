@@ -1,8 +1,5 @@
-"""Corpus readers: plain or gzipped UTF-8 text, JSON Lines, CSV and TSV.
-
-Every problem with a file (missing, not UTF-8, truncated gzip, malformed record) is a
-`DataError` naming the file and, where it applies, the 1-based line; no other exception
-escapes for a bad file.
+"""Corpus readers: plain or gzipped UTF-8 text, JSON Lines, CSV and TSV. Every problem with
+a file is a `DataError` naming the file and, where it applies, the 1-based line.
 """
 
 from __future__ import annotations
@@ -21,24 +18,12 @@ from qkv.errors import DataError
 GZIP_MAGIC = b"\x1f\x8b"
 LABELLED_FORMATS = (".jsonl", ".json", ".csv", ".tsv")
 NO_FILE, A_DIRECTORY = "no such file", "is a directory, expected a file"
-FIELD_SIZE_LIMIT = 2**31 - 1
-"""The longest CSV or TSV field read, in characters (the `csv` module's default is 131,072)."""
+FIELD_SIZE_LIMIT = 2**31 - 1  # the longest CSV or TSV field read (the csv default is 131,072)
 
 
 def read_lines(path: str | Path, *, allow_empty: bool = False) -> list[str]:
-    """Reads a text file into its lines, without their "\\n" and carriage returns.
-
-    Lines are split on "\\n" only, not on the other breaks `str.splitlines` knows, so that a
-    stray U+2028 cannot shift a parallel corpus out of alignment.
-
-    Args:
-        path: a UTF-8 text file, optionally gzipped (recognised by its magic bytes).
-        allow_empty: accept blank lines (see `is_blank`) instead of rejecting them.
-
-    Raises:
-        DataError: the file is missing, unreadable, empty, not UTF-8, a corrupt gzip, ends
-            its lines with carriage returns alone, or has a blank line without `allow_empty`.
-    """
+    """The lines of a UTF-8 text file, optionally gzipped, split as by `split_lines`; a
+    blank line (see `is_blank`) is a DataError unless `allow_empty`."""
     lines = split_lines(_read_utf8(path), path)
     if not allow_empty:
         for number, line in enumerate(lines, start=1):
@@ -54,17 +39,8 @@ def is_blank(text: str) -> bool:
 
 
 def find_split(data_dir: str | Path, split: str, lang: str) -> Path:
-    """The file of one side of a split: the first of `{split}.{lang}` and `{split}.{lang}.gz`
-    in `data_dir` that exists.
-
-    Args:
-        data_dir: directory holding the corpus.
-        split, lang: the split ("train", "val", ...) and the language code, e.g. "de".
-
-    Raises:
-        DataError: `data_dir` is not a directory, neither file exists, or the first that
-            exists is a directory.
-    """
+    """The file of one side of a split ("train", "de"): the first of `{split}.{lang}` and
+    `{split}.{lang}.gz` in `data_dir` that exists."""
     directory = Path(data_dir)
     if not directory.is_dir():
         raise DataError(directory, "not a directory")
@@ -79,11 +55,7 @@ def find_split(data_dir: str | Path, split: str, lang: str) -> Path:
 
 
 def read_parallel(src_path: str | Path, tgt_path: str | Path) -> tuple[list[str], list[str]]:
-    """Reads a sentence-aligned pair of files into (source lines, target lines).
-
-    Raises:
-        DataError: either file is bad, or their line counts differ.
-    """
+    """Reads a sentence-aligned pair of files into (source lines, target lines)."""
     sources = read_lines(src_path)
     targets = read_lines(tgt_path)
     if len(sources) != len(targets):
@@ -103,23 +75,10 @@ def read_labelled(
     known_labels: Collection[str] | None = None,
     clean: Callable[[str], str] | None = None,
 ) -> tuple[list[str], list[str]]:
-    """Reads a text-classification file into (texts, labels).
-
-    The suffix (less ".gz") gives the format: ".jsonl"/".json" hold one JSON object per line,
-    ".csv" and ".tsv" a header row naming the columns, then records; TSV fields are not
-    quoted, so quotation marks are kept. Blank lines are skipped. Labels are strings (a JSON
-    1 becomes "1") in NFC, so that labels that look the same are the same.
-
-    Args:
-        path: the file.
-        text_field, label_field: the field or column holding the text, and the label.
-        known_labels: the labels allowed (listed in this order by the error), or None for any.
-        clean: how the texts will be cleaned before use; a text blank once cleaned is refused.
-
-    Raises:
-        DataError: unknown format, a malformed record, a missing field, a column named twice,
-            a blank text or label, a control character (line break, tab, ...) in a label, a
-            lone surrogate (from a JSON escape), a label not in `known_labels`, or no records.
+    """Reads a text-classification file into (texts, labels); a text blank once `clean`ed is
+    refused. The suffix (less ".gz") gives the format: ".jsonl"/".json" (one JSON object a line),
+    ".csv" or ".tsv" (a header row, then records; TSV fields are not quoted). Labels are
+    strings (a JSON 1 becomes "1") in NFC, so that labels that look the same are the same.
     """
     texts: list[str] = []
     labels: list[str] = []
@@ -137,14 +96,7 @@ def read_texts(
     path: str | Path, *, text_field: str = "text", clean: Callable[[str], str] | None = None
 ) -> list[str]:
     """Reads texts to predict on: the `text_field` of each record of a JSON Lines, CSV or
-    TSV file (see `read_labelled`), or one text per line of any other file.
-
-    Args:
-        clean: how the texts will be cleaned before use; a text blank once cleaned is refused.
-
-    Raises:
-        DataError: the file is bad, a text is missing, blank (once cleaned) or not Unicode.
-    """
+    TSV file (see `read_labelled`), or one text per line of any other file."""
     records: list[tuple[int, list[object]]]
     if _format_suffix(Path(path)) not in LABELLED_FORMATS:
         records = [(number, [line]) for number, line in enumerate(read_lines(path), start=1)]
@@ -154,24 +106,27 @@ def read_texts(
 
 
 def _read_utf8(path: str | Path) -> str:
-    """Reads a whole UTF-8 file, plain or gzipped, dropping a leading byte-order mark.
-
-    Raises:
-        DataError: the file is missing, unreadable, empty, not UTF-8 or a corrupt gzip.
-    """
-    text = decode_utf8(_read_bytes(Path(path)), path).removeprefix("\ufeff")
+    """Reads a whole UTF-8 file, plain or gzipped, dropping a leading byte-order mark."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise DataError(path, NO_FILE) from None
+    except IsADirectoryError:
+        raise DataError(path, A_DIRECTORY) from None
+    except (OSError, ValueError) as error:
+        reason = getattr(error, "strerror", None) or error
+        raise DataError(path, f"cannot read file ({reason})") from None
+    if path.suffix == ".gz" and data and not data.startswith(GZIP_MAGIC):
+        raise DataError(path, "name ends in .gz but the file is not gzip-compressed")
+    text = decode_utf8(gunzip(data, path), path).removeprefix("\ufeff")
     if not text:
         raise DataError(path, "file is empty")
     return text
 
 
 def decode_utf8(data: bytes, path: str | Path) -> str:
-    """`data` decoded as UTF-8.
-
-    Raises:
-        DataError: naming `path` and the line, column (in characters) and byte of the first
-            invalid sequence.
-    """
+    """`data` decoded as UTF-8, else a DataError naming the line, column and byte."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -184,31 +139,8 @@ def decode_utf8(data: bytes, path: str | Path) -> str:
         ) from None
 
 
-def _read_bytes(path: Path) -> bytes:
-    """The raw contents of `path`, decompressed when it is gzipped."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise DataError(path, NO_FILE) from None
-    except IsADirectoryError:
-        raise DataError(path, A_DIRECTORY) from None
-    except (OSError, ValueError) as error:
-        reason = getattr(error, "strerror", None) or error
-        raise DataError(path, f"cannot read file ({reason})") from None
-    if path.suffix == ".gz" and data and not data.startswith(GZIP_MAGIC):
-        raise DataError(path, "name ends in .gz but the file is not gzip-compressed")
-    data = gunzip(data, path)
-    if not data:
-        raise DataError(path, "file is empty")
-    return data
-
-
 def gunzip(data: bytes, path: str | Path) -> bytes:
-    """`data` decompressed if it is gzipped (by its magic bytes), else as it is.
-
-    Raises:
-        DataError: naming `path`, for a corrupt or truncated gzip stream.
-    """
+    """`data` decompressed if it is gzipped (by its magic bytes), else as it is."""
     if not data.startswith(GZIP_MAGIC):
         return data
     try:
@@ -218,11 +150,10 @@ def gunzip(data: bytes, path: str | Path) -> bytes:
 
 
 def split_lines(text: str, path: str | Path) -> list[str]:
-    """Lines of `text` (read from `path`) split on "\\n" only, without the carriage returns
-    that end them ("\\r\\n", or "\\r\\r\\n" from a file converted twice).
+    """Lines of `text` (read from `path`) without the carriage returns that end them.
 
-    Raises:
-        DataError: the text has carriage returns but no "\\n" (classic Mac OS line ends).
+    Lines are split on "\\n" only, not on the other breaks `str.splitlines` knows, so that a
+    stray U+2028 cannot shift a parallel corpus out of alignment.
     """
     lines = text.split("\n")
     if lines[-1] == "":
@@ -236,8 +167,7 @@ def split_lines(text: str, path: str | Path) -> list[str]:
 
 
 def _format_suffix(path: Path) -> str:
-    name = path.name.removesuffix(".gz") if path.name.endswith(".gz") else path.name
-    return Path(name).suffix.lower()
+    return Path(path.name.removesuffix(".gz")).suffix.lower()
 
 
 def _read_records(path: str | Path, fields: Sequence[str]) -> list[tuple[int, list[object]]]:
@@ -345,11 +275,8 @@ def lone_surrogate(text: str) -> str | None:
 
 
 def texts_list(texts: Iterable[str], name: str) -> list[str]:
-    """`texts` as a list (a generator is read once), for an API that takes many texts.
-
-    Raises:
-        TypeError: `texts` is one string, or holds something other than strings.
-    """
+    """`texts` as a list (a generator is read once), for an API that takes many texts; a
+    TypeError for one string, or for anything but strings in it."""
     if isinstance(texts, str):
         raise TypeError(f"{name} must be a list of strings, not one string")
     values = list(texts)
@@ -395,9 +322,8 @@ def _json_problem(error: Exception, line: str) -> str:
     return problem
 
 
-def _short(error: Exception, limit: int = 120) -> str:
-    message = str(error).splitlines()[0] if str(error) else type(error).__name__
-    return message if len(message) <= limit else message[: limit - 3] + "..."
+def _short(error: Exception) -> str:
+    return _short_text(str(error).splitlines()[0] if str(error) else type(error).__name__, 120)
 
 
 def _short_text(text: str, limit: int = 40) -> str:

@@ -1,8 +1,5 @@
-"""Subword tokenizer: byte-pair encoding over SentencePiece-style "▁"-marked words.
-
-Wraps a Hugging Face `tokenizers.Tokenizer` with what the package relies on: the special
-tokens of `qkv.data.special` take the first ids, encoding adds no special tokens (batching
-adds BOS, EOS and CLS), and `decode(encode(text))` gives back ordinary text.
+"""Subword tokenizer: byte-pair encoding over SentencePiece-style "▁"-marked words, with the
+special tokens of `qkv.data.special` first; encoding adds none (batching adds BOS, EOS, CLS).
 """
 
 from __future__ import annotations
@@ -22,7 +19,6 @@ from qkv.data.special import SPECIAL_TOKENS, UNK
 from qkv.errors import CheckpointError, ConfigError
 from qkv.training.checkpoint import atomic_write_text
 
-TOKENIZER_FILENAME = "tokenizer.json"
 WORD_MARKER = "▁"  # U+2581: replaces the space before each word, as in SentencePiece
 ALPHABET_LIMIT = 1000  # the alphabet keeps this many commonest characters; rarer become <unk>
 TRAIN_CHUNK = 1000  # texts handed to the trainer at a time
@@ -42,22 +38,17 @@ def check_vocabulary(vocab_size: int, min_frequency: int) -> None:
 def size_note(tokenizer: Tokenizer, vocab_size: int) -> str | None:
     """What to tell the user when a trained vocabulary is not the size asked for, else None."""
     size = tokenizer.vocab_size
-    if size < vocab_size:
-        return f"the vocabulary has {size} tokens, not {vocab_size}: the data holds no more merges"
+    if size == vocab_size:
+        return None
+    why = "the data holds no more merges"
     if size > vocab_size:
-        return (
-            f"the vocabulary has {size} tokens, not {vocab_size}: the special tokens and the "
-            "alphabet alone take more"
-        )
-    return None
+        why = "the special tokens and the alphabet alone take more"
+    return f"the vocabulary has {size} tokens, not {vocab_size}: {why}"
 
 
 class Tokenizer:
-    """A trained BPE tokenizer whose first ids are PAD, BOS, EOS, UNK and CLS.
-
-    Args:
-        hf_tokenizer: a Hugging Face tokenizer with a BPE model and the special tokens first.
-    """
+    """A trained BPE tokenizer (a Hugging Face one) whose first ids are PAD, BOS, EOS, UNK
+    and CLS."""
 
     def __init__(self, hf_tokenizer: HfTokenizer) -> None:
         self._hf = hf_tokenizer
@@ -72,17 +63,9 @@ class Tokenizer:
         min_frequency: int = 2,
         lowercase: bool = False,
     ) -> Tokenizer:
-        """Learns a BPE vocabulary from texts and returns the trained tokenizer.
-
-        Args:
-            texts: training sentences, read once, lazily.
-            vocab_size: size of the vocabulary, special tokens and alphabet included.
-            min_frequency: pairs seen fewer times than this are never merged.
-            lowercase: lowercase all text before tokenizing (also when encoding later).
-
-        Raises:
-            ConfigError: if `vocab_size` or `min_frequency` is out of range.
-        """
+        """Learns a BPE vocabulary of `vocab_size` ids (special tokens and alphabet included)
+        from texts, read once, lazily; pairs seen fewer than `min_frequency` times are never
+        merged, and `lowercase` applies to every later encoding too."""
         check_vocabulary(vocab_size, min_frequency)
         steps = [normalizers.NFC()] + ([normalizers.Lowercase()] if lowercase else [])
         hf = HfTokenizer(models.BPE(unk_token=UNK))
@@ -99,64 +82,39 @@ class Tokenizer:
             show_progress=False,
         )
         hf.train_from_iterator(_chunks(texts, TRAIN_CHUNK), trainer=trainer)
-        problem = _special_ids_problem(hf)
-        if problem is not None:
-            raise RuntimeError(f"trained tokenizer is inconsistent: {problem}")
         return cls(hf)
 
     def save(self, path: str | Path) -> None:
-        """Writes the tokenizer as JSON, atomically: a crash leaves the old file or the new.
-
-        Args:
-            path: the file, conventionally `run_dir / TOKENIZER_FILENAME`.
-        """
+        """Writes the tokenizer as JSON, atomically: a crash leaves the old file or the new."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, self.to_json())
 
     @classmethod
     def load(cls, path: str | Path) -> Tokenizer:
-        """Reads a tokenizer written by `save`.
-
-        Raises:
-            CheckpointError: the file is missing, unreadable, not a tokenizer, or its special
-                token ids are not those of `qkv.data.special`.
-        """
+        """Reads a tokenizer written by `save`; a CheckpointError if the file is missing,
+        unreadable, not a BPE tokenizer, or its special ids are not `qkv.data.special`'s."""
         path = Path(path)
         try:
-            text = path.read_text(encoding="utf-8")
+            hf = HfTokenizer.from_str(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise CheckpointError(f"{path}: tokenizer file not found") from None
         except (OSError, UnicodeDecodeError) as error:
             raise CheckpointError(f"{path}: cannot read tokenizer file ({error})") from None
-        return cls.from_json(text, source=str(path))
-
-    def to_json(self) -> str:
-        """The tokenizer serialized as a JSON string, for embedding in a checkpoint."""
-        return self._hf.to_str()
-
-    @classmethod
-    def from_json(cls, text: str, source: str = "tokenizer") -> Tokenizer:
-        """Rebuilds a tokenizer from `to_json` output.
-
-        Args:
-            text: the JSON string.
-            source: where the string came from, for error messages.
-
-        Raises:
-            CheckpointError: the string is not a BPE tokenizer with the expected special ids.
-        """
-        try:
-            hf = HfTokenizer.from_str(text)
         except Exception as error:  # the Rust side raises a bare Exception
             first_line = str(error).splitlines()[0] if str(error) else "unknown error"
-            raise CheckpointError(f"{source}: not a valid tokenizer file ({first_line})") from None
+            raise CheckpointError(f"{path}: not a valid tokenizer file ({first_line})") from None
         if not isinstance(hf.model, models.BPE):
-            raise CheckpointError(f"{source}: expected a BPE tokenizer")
-        problem = _special_ids_problem(hf)
-        if problem is not None:
-            raise CheckpointError(f"{source}: {problem}")
+            raise CheckpointError(f"{path}: expected a BPE tokenizer")
+        for expected_id, token in enumerate(SPECIAL_TOKENS):
+            if (actual_id := hf.token_to_id(token)) != expected_id:
+                raise CheckpointError(
+                    f"{path}: special token {token} has id {actual_id}, expected {expected_id}"
+                )
         return cls(hf)
+
+    def to_json(self) -> str:
+        return self._hf.to_str()
 
     @property
     def vocab_size(self) -> int:
@@ -164,21 +122,12 @@ class Tokenizer:
         return self._hf.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of one text, without BOS, EOS or CLS.
-
-        Raises:
-            ValueError: if the text is not Unicode (it holds half of a surrogate pair).
-        """
+        """Token ids of one text, without BOS, EOS or CLS."""
         return self.encode_batch([text])[0]
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """Token ids of many texts, encoded in parallel; the same as `encode` on each.
-
-        Raises:
-            TypeError: if a text is not a string.
-            ValueError: naming the first text that is not Unicode (it holds a lone surrogate,
-                from an undecodable byte of a command-line argument or a JSON escape).
-        """
+        """Token ids of many texts, encoded in parallel; the same as `encode` on each. A text
+        holding a lone surrogate (from an undecodable byte, say) is a ValueError."""
         texts = list(texts)  # a generator is read once
         try:
             with _interrupts_kept():
@@ -204,28 +153,15 @@ class Tokenizer:
 
     def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
         """`decode` for many id sequences at once."""
-        valid = [self._valid(ids) for ids in batch]
-        return self._hf.decode_batch(valid, skip_special_tokens=True)
-
-    def tokens(self, text: str) -> list[str]:
-        """Display labels (see `tokens_from_ids`) of the pieces `encode` cuts `text` into."""
-        return [_display(piece) for piece in self._hf.encode(text, add_special_tokens=False).tokens]
+        return self._hf.decode_batch([self._valid(ids) for ids in batch], skip_special_tokens=True)
 
     def tokens_from_ids(self, ids: Sequence[int]) -> list[str]:
-        """Display labels of ids, e.g. for attention plots.
-
-        A piece that starts a word loses its "▁" marker and one inside a word is kept as it
-        is, so "▁Zwei", "▁Männ", "er" read "Zwei", "Männ", "er"; a bare "▁" stays "▁", and
-        special tokens show their names ("</s>").
-        """
-        return [_display(self.id_to_token(i)) for i in ids]
+        """Display labels of ids, e.g. for attention plots: "▁Zwei", "▁Männ", "er" read
+        "Zwei", "Männ", "er"; a bare "▁" stays "▁", and special tokens show their names."""
+        return [self.id_to_token(i).removeprefix(WORD_MARKER) or WORD_MARKER for i in ids]
 
     def id_to_token(self, token_id: int) -> str:
-        """The vocabulary entry of an id, marker included ("▁Zwei").
-
-        Raises:
-            IndexError: the id is outside the vocabulary.
-        """
+        """The vocabulary entry of an id, marker included ("▁Zwei"); IndexError outside it."""
         token = self._hf.id_to_token(token_id) if token_id >= 0 else None
         if token is None:
             raise IndexError(f"token id {token_id} outside the vocabulary of {self.vocab_size}")
@@ -236,18 +172,10 @@ class Tokenizer:
         return [int(i) for i in ids if 0 <= i < size]
 
 
-def _display(piece: str) -> str:
-    return piece.removeprefix(WORD_MARKER) or piece
-
-
 @contextmanager
 def _interrupts_kept() -> Iterator[None]:
-    """Holds Ctrl-C back while the tokenizers' Rust code runs and delivers it on return.
-
-    The Rust code checks for signals and can swallow the KeyboardInterrupt, so the program
-    would go on as if not interrupted. Outside the main thread, where no handler can be set,
-    the block runs unguarded.
-    """
+    """Holds Ctrl-C back while the tokenizers' Rust code runs (which can swallow the
+    KeyboardInterrupt) and delivers it on return; unguarded outside the main thread."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -267,12 +195,3 @@ def _chunks(texts: Iterable[str], size: int) -> Iterator[list[str]]:
     iterator = iter(texts)
     while chunk := list(islice(iterator, size)):
         yield chunk
-
-
-def _special_ids_problem(hf: HfTokenizer) -> str | None:
-    """How the special-token ids differ from `qkv.data.special`, or None if they match."""
-    for expected_id, token in enumerate(SPECIAL_TOKENS):
-        actual_id = hf.token_to_id(token)
-        if actual_id != expected_id:
-            return f"special token {token} has id {actual_id}, expected {expected_id}"
-    return None

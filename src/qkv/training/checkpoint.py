@@ -1,10 +1,8 @@
 """Checkpoints that are never half-written and never unpickled.
 
-A checkpoint is a directory `checkpoints/step-000500/` of `model.safetensors`,
-`optimizer.safetensors` (with the RNG states) and `state.json` (progress, optimiser settings,
-the other files' SHA-256). It is written as `step-000500.tmp/`, every file fsync'ed, then
-renamed, so a crash leaves the whole checkpoint or none; loading re-checks every checksum, so a
-torn file is reported, not used.
+A checkpoint `checkpoints/step-0000500/` holds `model.safetensors`, `optimizer.safetensors`
+(with the RNG states) and `state.json` (progress, optimiser settings, the files' SHA-256). It
+is written as `step-0000500.tmp/`, fsync'ed, then renamed; loading re-checks every checksum.
 """
 
 from __future__ import annotations
@@ -14,23 +12,23 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from qkv.errors import CheckpointError
 
 FORMAT_VERSION = 1
 STATE_FILE = "state.json"
-# The files whose SHA-256 STATE_FILE records.
-CHECKED_FILES = ("model.safetensors", "optimizer.safetensors")
-DIGEST_KEY = "qkv_sha256"
-"""The metadata key under which `save_weights` records `tensors_digest` of the weights."""
+CHECKED_FILES = ("model.safetensors", "optimizer.safetensors")  # with their SHA-256 in it
+DIGEST_KEY = "qkv_sha256"  # metadata key of the weights' `tensors_digest` (`save_weights`)
+UMASK = os.umask(0o022)  # read once, so that files are created as `open` would create them
+os.umask(UMASK)
 
 
 def sha256(path: Path) -> str:
@@ -51,18 +49,22 @@ def fsync_dir(path: Path) -> None:
 
 def fsync_file(path: Path) -> None:
     with path.open("rb+") as handle:
-        handle.flush()
         os.fsync(handle.fileno())
 
 
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-UMASK = _umask()
-"""The process's umask, read once: files are created as `open` would create them."""
+@contextlib.contextmanager
+def replacing(path: Path) -> Iterator[Path]:
+    """A temporary path for the new `path`, renamed onto it when the block ends (then the
+    directory is fsync'ed); if the block fails, it is removed and `path` left untouched."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
 
 
 def save_tensors(
@@ -79,37 +81,26 @@ def save_tensors(
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file, fsync, then rename; on failure `path`
-    is left untouched. A symbolic link is written through, and a replaced file keeps its
-    permissions."""
+    """Write `text` to `path` atomically (see `replacing`), fsync'ed. A symbolic link is
+    written through, and a replaced file keeps its permissions."""
     if path.is_symlink():
         path = path.resolve()
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with tmp.open("w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
+    with replacing(path) as tmp, tmp.open("w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
         if path.is_file():
             os.chmod(tmp, path.stat().st_mode & 0o7777)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
 
 
 def model_tensors(model: nn.Module) -> dict[str, Tensor]:
     """The model's state, with tied tables stored once (safetensors refuses shared memory)."""
-    seen: dict[int, str] = {}
+    seen: set[int] = set()
     out: dict[str, Tensor] = {}
     for name, tensor in model.state_dict().items():
-        key = tensor.data_ptr()
-        if key in seen and tensor.numel() > 0:
-            continue
-        seen[key] = name
-        out[name] = tensor.detach().contiguous().cpu()
+        if tensor.data_ptr() not in seen or tensor.numel() == 0:
+            seen.add(tensor.data_ptr())
+            out[name] = tensor.detach().contiguous().cpu()
     return out
 
 
@@ -127,24 +118,17 @@ def tensors_digest(tensors: dict[str, Tensor]) -> str:
 def save_weights(model: nn.Module, path: Path, metadata: dict[str, str] | None = None) -> None:
     """Atomically write the model's weights as safetensors, their digest in its metadata
     (`load_weights` checks it)."""
-    tmp = path.with_name(path.name + ".tmp")
     tensors = model_tensors(model)
-    try:
+    with replacing(path) as tmp:
         save_tensors(tensors, tmp, {**(metadata or {}), DIGEST_KEY: tensors_digest(tensors)})
         fsync_file(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
 
 
 def load_weights(model: nn.Module, path: Path) -> None:
     """Load safetensors weights into `model`, with a clear error when they do not fit, are
     not finite, or do not match the digest that `save_weights` wrote."""
-    tensors = read_safetensors(path)
-    digest = read_metadata(path).get(DIGEST_KEY)
+    tensors, metadata = read_safetensors(path)
+    digest = metadata.get(DIGEST_KEY)
     if digest is not None and digest != tensors_digest(tensors):
         raise CheckpointError(f"{path}: checksum mismatch (the file is torn or corrupt)")
     expected = model_tensors(model)
@@ -161,39 +145,28 @@ def load_weights(model: nn.Module, path: Path) -> None:
                 f"{path}: {name} has shape {tuple(tensor.shape)}, the config expects "
                 f"{tuple(expected[name].shape)}"
             )
-    damaged = [
-        name
-        for name, tensor in tensors.items()
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())
-    ]
-    if damaged:
-        raise CheckpointError(
-            f"{path}: {damaged[0]} holds values that are not finite (inf or NaN): the file is "
-            "damaged, or was saved from a run that diverged"
-        )
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise CheckpointError(
+                f"{path}: {name} holds values that are not finite (inf or NaN): the file is "
+                "damaged, or was saved from a run that diverged"
+            )
     model.load_state_dict(tensors, strict=False)
 
 
-def read_metadata(path: Path) -> dict[str, str]:
-    """The metadata in a safetensors file's header (a file `read_safetensors` has read)."""
-    try:
-        with safe_open(str(path), "pt") as handle:
-            return dict(handle.metadata() or {})
-    except (SafetensorError, OSError, ValueError) as error:
-        raise CheckpointError(f"{path}: not a readable safetensors file ({error})") from None
-
-
-def read_safetensors(path: Path) -> dict[str, Tensor]:
+def read_safetensors(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """The tensors and the metadata of a safetensors file."""
     if not path.is_file():
         raise CheckpointError(f"{path}: file not found")
     try:
-        return load_file(str(path))
+        with safe_open(str(path), "pt") as handle:
+            names, metadata = handle.keys(), handle.metadata() or {}
+            return {name: handle.get_tensor(name) for name in names}, metadata
     except (SafetensorError, OSError, ValueError) as error:
         raise CheckpointError(f"{path}: not a readable safetensors file ({error})") from None
 
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, Tensor], dict[str, Any]]:
-    """Split an optimizer's state into tensors (for safetensors) and plain values (for JSON)."""
+    """An optimizer's state as tensors (for safetensors) and plain values (for JSON)."""
     state = optimizer.state_dict()
     tensors: dict[str, Tensor] = {}
     groups = [_plain_group(group) for group in state["param_groups"]]
@@ -209,9 +182,8 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, Tenso
 
 
 def _plain_group(group: dict[str, Any]) -> dict[str, Any]:
-    """A parameter group as an ordinary optimiser's: a CUDA-graph step (`qkv.training.graphed`)
-    holds the learning rate in a device tensor and sets `capturable`; the checkpoint keeps the
-    number, so a run resumed on any device starts uncaptured."""
+    """A parameter group as an ordinary optimiser's: a CUDA-graph step holds the learning
+    rate in a device tensor and sets `capturable`; a run resumed anywhere starts uncaptured."""
     plain = {k: v.item() if isinstance(v, Tensor) else v for k, v in group.items()}
     if "capturable" in plain:
         plain["capturable"] = False
@@ -221,9 +193,7 @@ def _plain_group(group: dict[str, Any]) -> dict[str, Any]:
 def restore_optimizer(
     optimizer: torch.optim.Optimizer, tensors: dict[str, Tensor], plain: dict[str, Any]
 ) -> None:
-    state: dict[int, dict[str, Any]] = {}
-    for param_id, values in plain["state"].items():
-        state[int(param_id)] = dict(values)
+    state = {int(param_id): dict(values) for param_id, values in plain["state"].items()}
     for name, tensor in tensors.items():
         param_id, key = name.split(".", 1)
         state.setdefault(int(param_id), {})[key] = tensor
@@ -243,7 +213,19 @@ def save_checkpoint(
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     try:
-        _write_checkpoint(tmp, model, optimizer, state, rng)
+        opt_tensors, opt_plain = optimizer_tensors(optimizer)
+        save_tensors(model_tensors(model), tmp / "model.safetensors")
+        rng_tensors = {f"rng.{k}": v for k, v in rng.items()}
+        save_tensors({**opt_tensors, **rng_tensors}, tmp / "optimizer.safetensors")
+        files = {name: sha256(tmp / name) for name in CHECKED_FILES}
+        for name in files:
+            fsync_file(tmp / name)
+        record = {"format_version": FORMAT_VERSION, "files": files, "optimizer": opt_plain}
+        with (tmp / STATE_FILE).open("w", encoding="utf-8") as handle:
+            json.dump(record | state, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        fsync_dir(tmp)
     except BaseException:  # a full disk, say: the space goes back, the older checkpoints stay
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -254,31 +236,8 @@ def save_checkpoint(
     return directory
 
 
-def _write_checkpoint(
-    tmp: Path,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    state: dict[str, Any],
-    rng: dict[str, Tensor],
-) -> None:
-    opt_tensors, opt_plain = optimizer_tensors(optimizer)
-    save_tensors(model_tensors(model), tmp / "model.safetensors")
-    save_tensors(
-        {**opt_tensors, **{f"rng.{k}": v for k, v in rng.items()}}, tmp / "optimizer.safetensors"
-    )
-    files = {name: sha256(tmp / name) for name in CHECKED_FILES}
-    for name in files:
-        fsync_file(tmp / name)
-    record = {"format_version": FORMAT_VERSION, "files": files, "optimizer": opt_plain, **state}
-    with (tmp / STATE_FILE).open("w", encoding="utf-8") as handle:
-        json.dump(record, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    fsync_dir(tmp)
-
-
 def verify_checkpoint(directory: Path) -> dict[str, Any]:
-    """Read and check a checkpoint's state.json and checksums; return the state."""
+    """A checkpoint's state.json, once it and the checksums it records check out."""
     state_path = directory / STATE_FILE
     if not state_path.is_file():
         raise CheckpointError(f"{directory}: incomplete checkpoint (no {STATE_FILE})")
@@ -308,8 +267,7 @@ def verify_checkpoint(directory: Path) -> dict[str, Any]:
 
 
 def update_progress(directory: Path, progress: dict[str, Any]) -> None:
-    """Rewrite the progress a checkpoint records (atomically; its weights, optimizer state and
-    checksums stay as they are)."""
+    """Rewrite, atomically, the progress a checkpoint records."""
     record = verify_checkpoint(directory)
     record["progress"] = progress
     atomic_write_text(directory / STATE_FILE, json.dumps(record))
@@ -321,7 +279,7 @@ def load_checkpoint(
     """Restore model (and optimizer) from a verified checkpoint; return its state and RNG."""
     record = verify_checkpoint(directory)
     load_weights(model, directory / "model.safetensors")
-    extra = read_safetensors(directory / "optimizer.safetensors")
+    extra, _ = read_safetensors(directory / "optimizer.safetensors")
     rng = {k.removeprefix("rng."): v for k, v in extra.items() if k.startswith("rng.")}
     if optimizer is not None:
         opt = {k: v for k, v in extra.items() if not k.startswith("rng.")}
@@ -334,25 +292,14 @@ def load_checkpoint(
 
 def list_checkpoints(root: Path) -> list[Path]:
     """Finished checkpoints under `root`, oldest first (temporary ones are ignored)."""
-    if not root.is_dir():
-        return []
-    found = [
-        p
-        for p in root.iterdir()
-        if p.is_dir() and p.name.startswith("step-") and not p.name.endswith(".tmp")
-    ]
-    return sorted(found, key=lambda p: p.name)
+    return sorted(p for p in root.glob("step-*") if p.is_dir() and p.suffix != ".tmp")
 
 
 def latest_good_checkpoint(
     root: Path, check: Callable[[Path, dict[str, Any]], None] | None = None
 ) -> tuple[Path | None, list[str]]:
-    """The newest checkpoint that verifies, and a message for each newer one that does not.
-
-    Args:
-        check: also refuses a checkpoint whose state (read from its state.json) does not fit,
-            by raising CheckpointError.
-    """
+    """The newest checkpoint that verifies, and a message for each newer one that does not;
+    `check(directory, state)` may refuse a state by raising CheckpointError."""
     problems: list[str] = []
     for directory in reversed(list_checkpoints(root)):
         if (problem := _problem(directory, check)) is None:
@@ -371,7 +318,6 @@ def good_checkpoints(directories: list[Path]) -> tuple[list[Path], list[str]]:
 def _problem(
     directory: Path, check: Callable[[Path, dict[str, Any]], None] | None = None
 ) -> str | None:
-    """What is wrong with the checkpoint in `directory` (see `latest_good_checkpoint`), or None."""
     try:
         record = verify_checkpoint(directory)
         if check is not None:
@@ -382,25 +328,21 @@ def _problem(
 
 
 def prune_checkpoints(root: Path, keep: int) -> None:
-    """Delete all but the newest `keep` complete checkpoints (those with a state.json; the
-    others, which a resume reports, are left for their owner to look at)."""
+    """Delete all but the newest `keep` complete checkpoints (with a state.json: the others,
+    which a resume reports, are left for their owner to look at)."""
     complete = [d for d in list_checkpoints(root) if (d / STATE_FILE).is_file()]
     for directory in complete[:-keep] if keep > 0 else []:
         shutil.rmtree(directory, ignore_errors=True)
 
 
 def average_weights(directories: list[Path]) -> dict[str, Tensor]:
-    """The element-wise mean of the model weights of several checkpoints."""
+    """The element-wise mean of the model weights of several verified checkpoints."""
     total: dict[str, Tensor] = {}
     for directory in directories:
-        verify_checkpoint(directory)
-        for name, tensor in read_safetensors(directory / "model.safetensors").items():
+        for name, tensor in read_safetensors(directory / "model.safetensors")[0].items():
             if tensor.is_floating_point():
-                total[name] = (
-                    total.get(name, torch.zeros_like(tensor, dtype=torch.float64)) + tensor
-                )
-            else:
-                total[name] = tensor
+                tensor = total.get(name, 0) + tensor.double()
+            total[name] = tensor
     return {
         name: (t / len(directories)).float() if t.dtype == torch.float64 else t
         for name, t in total.items()

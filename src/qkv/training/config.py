@@ -8,8 +8,7 @@ from typing import Any
 
 from qkv.errors import ConfigError
 
-MAX_THREADS = 1024
-"""The most CPU threads a run may ask for (far more make the tokenizer's thread pool fail)."""
+MAX_THREADS = 1024  # far more make the tokenizer's thread pool fail
 
 
 @dataclass

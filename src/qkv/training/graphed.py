@@ -1,17 +1,8 @@
-"""Training steps recorded once per batch shape as a CUDA graph, then replayed.
+"""Training steps recorded once per batch shape as a CUDA graph, then replayed in one launch.
 
-A small model's training step is many short GPU kernels, which Python launches more slowly
-than the GPU runs them. A CUDA graph replays a whole step (forward, backward, clipping, AdamW)
-with one launch on the same memory, so a step must:
-
-- take inputs of a fixed shape: batches are padded to a few bucket shapes
-  (`qkv.data.batching.pad_to_bucket`), each recorded at its first step, which runs eagerly;
-- never wait for the device: the model runs on the padded batch (`packed=False`), the loss
-  projects target rows the host chose (`target_rows`), the learning rate is a device tensor,
-  and AdamW's fused kernel skips a non-finite step on the device (its `found_inf` flag);
-- zero its gradients in place, never set them to None.
-
-The graphs share one memory pool; the loss and gradient norm are copied outside it.
+A step takes inputs padded to a few bucket shapes (`qkv.data.batching.bucket_inputs`), never
+waits for the device (the learning rate is a device tensor; AdamW's fused kernel skips a
+non-finite step through its `found_inf` flag), and zeroes its gradients in place.
 """
 
 from __future__ import annotations
@@ -33,18 +24,11 @@ LossFn = Callable[[Inputs], tuple[Tensor, Tensor]]  # -> summed loss, number of 
 class GraphedStep:
     """One optimiser step per call, replayed from the CUDA graph of the inputs' shape.
 
-    Args:
-        model: the network, in train mode.
-        optimizer: AdamW with its fused kernel (`qkv.training.optimizer.adamw` on a CPU or a
-            GPU): the only kind that can skip an update on the device.
-        loss: inputs -> (summed loss, number of targets), both 0-dim, with no host sync and
-            shapes that depend on the inputs' shapes alone.
-        max_norm: gradient clipping by global norm; math.inf measures the norm only.
-        autocast_dtype: run the loss under autocast to this dtype (bf16), or None.
-        graph: record graphs; None records them on a CUDA device only. Without graphs the
-            same step runs eagerly (same numbers): this is how it is tested on a CPU.
-        max_graphs: shapes beyond this many run eagerly, to bound the graphs kept.
-    """
+    `optimizer` must be a fused AdamW, which can skip an update on the device. `graph` (by
+    default: on a CUDA device) records graphs; without, the same step runs eagerly, as in the
+    CPU tests. Shapes beyond `MAX_GRAPHS` run eagerly."""
+
+    MAX_GRAPHS = 64
 
     def __init__(
         self,
@@ -54,14 +38,13 @@ class GraphedStep:
         max_norm: float = math.inf,
         autocast_dtype: torch.dtype | None = None,
         graph: bool | None = None,
-        max_graphs: int = 64,
     ) -> None:
         if not all(group.get("fused") for group in optimizer.param_groups):
             raise ValueError("a graphed step needs an optimiser with a fused kernel")
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.device = self.params[0].device
         self.optimizer, self.loss = optimizer, loss
-        self.max_norm, self.autocast_dtype, self.max_graphs = max_norm, autocast_dtype, max_graphs
+        self.max_norm, self.autocast_dtype = max_norm, autocast_dtype
         self.record = self.device.type == "cuda" if graph is None else graph
         self.graphs: dict[tuple[Any, ...], tuple[torch.cuda.CUDAGraph, Inputs]] = {}
         self.pool: Any = None  # the memory pool the graphs share, from the first one
@@ -73,15 +56,9 @@ class GraphedStep:
         self.optimizer.found_inf = self.found_inf  # type: ignore[attr-defined]
 
     def step(self, inputs: Inputs, lr: float) -> tuple[Tensor, Tensor]:
-        """Train on one batch at learning rate `lr`.
-
-        Args:
-            inputs: the batch's tensors on the model's device, at a bucket shape.
-
-        Returns:
-            The summed loss and the gradient norm before clipping, 0-dim tensors that the
-            next step overwrites. When either is not finite, the weights are left unchanged.
-        """
+        """Train on one batch (on the model's device, at a bucket shape) at learning rate
+        `lr`; returns the summed loss and the gradient norm before clipping, 0-dim tensors the
+        next step overwrites. When either is not finite, the weights are left unchanged."""
         self._set_lr(lr)
         key = tuple((name, tuple(t.shape), t.dtype) for name, t in sorted(inputs.items()))
         if key in self.graphs:
@@ -89,7 +66,7 @@ class GraphedStep:
             for name, tensor in inputs.items():
                 static[name].copy_(tensor)
             graph.replay()
-        elif self.record and len(self.graphs) < self.max_graphs:
+        elif self.record and len(self.graphs) < self.MAX_GRAPHS:
             static = {name: tensor.clone() for name, tensor in inputs.items()}
             # The shape's first step runs eagerly (lazy initialisation, such as the gradients
             # and the optimiser's state, must happen outside a capture); it is a real step.
@@ -103,13 +80,12 @@ class GraphedStep:
 
     def _set_lr(self, lr: float) -> None:
         """A recorded step reads the learning rate from `self.lr`; an eager one from the group."""
-        if not self.record:
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            return
         self.lr.fill_(lr)
         for group in self.optimizer.param_groups:
-            group["lr"], group["capturable"] = self.lr, True
+            if self.record:
+                group["lr"], group["capturable"] = self.lr, True
+            else:
+                group["lr"] = lr
 
     def _body(self, inputs: Inputs) -> None:
         """Forward, backward, clipping and the optimiser step, with no host sync."""

@@ -13,23 +13,9 @@ from qkv.model.seq2seq import Seq2SeqTransformer
 def nonpad_logits(
     output: nn.Module, states: Tensor, labels: Tensor, pad_id: int
 ) -> tuple[Tensor, Tensor]:
-    """Project only the decoder states whose label is a real token.
-
-    The output projection is a step's largest matmul; padded rows would waste it. On the CPU
-    the M real rows are rounded up to `padded_rows(M)` with filler rows labelled `pad_id`, the
-    row count oneDNN's linear layers take (`qkv.fast.linear`), so the logits' gradient needs
-    no widened copy.
-
-    Args:
-        output: the output projection (D -> V).
-        states: decoder states (B, T, D).
-        labels: next-token labels (B, T), `pad_id` where there is none.
-
-    Returns:
-        logits (M', V) and labels (M',): the M real target positions, then M' - M rows
-        labelled `pad_id` (none on a GPU), which `smoothed_cross_entropy(..., ignore_index=
-        pad_id)` leaves out.
-    """
+    """Logits (M', V) and labels (M',) of the M decoder states (B, T, D) whose label (B, T)
+    is not `pad_id`: the output projection, a step's largest matmul, skips padding. On the CPU,
+    M' rounds M up to the row count `qkv.fast.linear` takes, with rows labelled `pad_id`."""
     rows = Packing.from_mask(labels != pad_id, round_rows=states.device.type == "cpu")
     picked = rows.pack(labels)  # (M',)
     picked[rows.count :] = pad_id
@@ -42,11 +28,8 @@ def smoothed_cross_entropy(
     smoothing: float,
     ignore_index: int = -100,
 ) -> Tensor:
-    """Summed label-smoothed cross-entropy: logits (M, V), labels (M,) -> scalar.
-
-    Rows whose label is `ignore_index` add nothing: `bucket_loss` passes the padding id, for
-    the filler rows of a fixed-length list of targets. A big CPU training loss runs as
-    `qkv.fast.fused_loss`'s compiled loops (the same values up to float rounding).
+    """Summed label-smoothed cross-entropy: logits (M, V), labels (M,) -> scalar; rows labelled
+    `ignore_index` add nothing. A big CPU loss runs as `qkv.fast.fused_loss`'s compiled loops.
     """
     if fused_loss.applies(logits):
         return fused_loss.smoothed_cross_entropy(logits, labels, smoothing, ignore_index)
@@ -62,11 +45,8 @@ def smoothed_cross_entropy(
 def bucket_loss(
     model: Seq2SeqTransformer, inputs: dict[str, Tensor], smoothing: float, pad_id: int
 ) -> tuple[Tensor, Tensor]:
-    """Summed smoothed cross-entropy and target count (0-dim each) of `bucket_inputs`, with
-    no host sync: the loss of a translation step recorded as a CUDA graph.
-
-    Args:
-        inputs: src (B, S), tgt_in (B, T), rows (K,) and labels (K,) on the model's device.
+    """Summed smoothed cross-entropy and target count (0-dim each) of `bucket_inputs` on the
+    model's device, with no host sync: the loss of a translation step recorded as a CUDA graph.
     """
     states = model.hidden(inputs["src"], inputs["tgt_in"])  # (B, T, D)
     picked = states.flatten(0, 1).index_select(0, inputs["rows"])  # (K, D)

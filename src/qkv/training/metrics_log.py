@@ -28,9 +28,7 @@ class MetricsLog:
             return
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
-            handle.flush()
-        board = self._board()
-        if board is not None:
+        if board := self._board():
             for key, value in record.items():
                 if isinstance(value, (int, float)) and key not in ("step", "epoch"):
                     board.add_scalar(
@@ -42,10 +40,10 @@ class MetricsLog:
         if self.board is None:
             try:
                 from torch.utils.tensorboard import SummaryWriter
+
+                self.board = SummaryWriter(str(self.path.parent / "tensorboard"))
             except ImportError:
                 self.board = False
-                return None
-            self.board = SummaryWriter(str(self.path.parent / "tensorboard"))
         return self.board or None
 
     def truncate_after(self, step: int) -> None:

@@ -7,9 +7,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-FUSED_DEVICES = ("cpu", "cuda")
-"""Devices on which AdamW's fused kernel is used: one pass over each parameter's weights,
-gradients and moments, where `foreach` makes several."""
+FUSED_DEVICES = ("cpu", "cuda")  # one pass over weights, gradients and moments (not foreach's)
 
 
 def adamw(
@@ -20,11 +18,8 @@ def adamw(
     eps: float = 1e-8,
     weight_decay: float = 0.0,
 ) -> torch.optim.AdamW:
-    """AdamW over `params` on `device`: fused on CPUs and CUDA GPUs, `foreach` elsewhere.
-
-    A run resumed from a checkpoint keeps the kernel of the run that saved it: the parameter
-    groups of an optimiser state dict carry their `fused` and `foreach` flags.
-    """
+    """AdamW over `params` on `device`: fused on CPUs and CUDA GPUs, `foreach` elsewhere (a
+    resumed run keeps the kernel of the run that saved it: its parameter groups say)."""
     fused = device.type in FUSED_DEVICES
     return torch.optim.AdamW(
         params,

@@ -16,14 +16,9 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
 
 
 def tune_allocator() -> bool:
-    """Ask glibc to keep freed large blocks instead of returning them to the kernel, in one
-    pool for all threads; returns whether it applied (glibc only).
-
-    Activations are allocated and freed every step, and by default glibc maps and unmaps large
-    blocks each time, paying page faults (gain in `docs/performance.md`). Kept blocks stay in
-    their arena, and each new thread gets its own: one arena stops decoding's worker threads
-    (`qkv.inference.workers`) from holding memory apart from the caller's.
-    """
+    """Ask glibc to keep freed large blocks (activations, freed every step) instead of mapping
+    and unmapping them each time, in one arena for all threads so that decoding's worker
+    threads hold no memory apart; returns whether it applied (glibc only)."""
     name = ctypes.util.find_library("c")
     if name is None or os.name != "posix":
         return False
@@ -40,21 +35,15 @@ def tune_allocator() -> bool:
 def set_up_process(config: TrainConfig) -> None:
     """A training run's process-wide settings: torch's threads, glibc's allocator, compiled
     loops on or off (`compile`) and deterministic algorithms (`deterministic`)."""
-    set_threads(config.threads)
+    if config.threads > 0:
+        torch.set_num_threads(config.threads)
     tune_allocator()
     allow(config.compile)
     torch.use_deterministic_algorithms(config.deterministic)
 
 
-def set_threads(threads: int) -> None:
-    """Use `threads` CPU threads for torch (0 keeps torch's default)."""
-    if threads > 0:
-        torch.set_num_threads(threads)
-
-
 def pick_device(name: str) -> torch.device:
-    """ "auto" means CUDA when available, else the CPU. Asking for CUDA where torch sees no
-    CUDA device is a `ConfigError`."""
+    """The device named: "auto" means CUDA when available, else the CPU."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():

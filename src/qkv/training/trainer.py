@@ -25,7 +25,6 @@ from qkv.training.config import TrainConfig
 from qkv.training.graphed import GraphedStep
 from qkv.training.metrics_log import MetricsLog, rank
 from qkv.training.optimizer import adamw
-from qkv.training.schedules import inverse_sqrt
 from qkv.training.task import GraphableTask, TrainingTask
 
 
@@ -75,9 +74,8 @@ def stop_signals() -> Iterator[list[str]]:
 
 
 class _PipeGuard:
-    """A text stream that takes a closed pipe as a request to stop: the first write or flush
-    that finds the reader gone is recorded in `received`, and later output goes to the null
-    device, so that neither the rest of the run nor Python's exit fails on it."""
+    """A text stream that takes a closed pipe as a request to stop, recorded in `received`;
+    later output goes to the null device, so that neither the run nor Python's exit fails."""
 
     def __init__(self, stream: TextIO, received: list[str]) -> None:
         self._stream, self._received = stream, received
@@ -109,8 +107,8 @@ class _PipeGuard:
 
 
 def check_progress(directory: Path, record: dict[str, Any]) -> None:
-    """Refuse a checkpoint whose recorded progress does not fit `Progress` (a state.json
-    edited by hand, say: it carries no checksum of its own)."""
+    """Refuse a checkpoint whose progress does not fit `Progress` (state.json has no
+    checksum of its own: edited by hand, say)."""
     try:
         progress = typed_section(record.get("progress"), Progress, "progress")
         if unknown := sorted(set(progress) - {f.name for f in fields(Progress)}):
@@ -121,8 +119,7 @@ def check_progress(directory: Path, record: dict[str, Any]) -> None:
         raise CheckpointError(f"{directory / ckpt.STATE_FILE}: corrupt ({error})") from None
 
 
-COUNTS = ("step", "epoch", "batch_index", "best_step")
-"""Fields of `Progress` that count from 0."""
+COUNTS = ("step", "epoch", "batch_index", "best_step")  # fields of `Progress` counting from 0
 
 
 class Trainer:
@@ -134,62 +131,51 @@ class Trainer:
         self.task, self.config, self.run_dir, self.device = task, config, run_dir, device
         self.model = task.model.to(device)
         trainable = [p for p in self.model.parameters() if p.requires_grad]
+        betas = (config.beta1, config.beta2)
         self.optimizer = adamw(
-            trainable,
-            device,
-            lr=config.lr,
-            betas=(config.beta1, config.beta2),
-            weight_decay=config.weight_decay,
+            trainable, device, config.lr, betas, weight_decay=config.weight_decay
         )
         self.graphed: GraphedStep | None = None  # made at the first step, after any resume
         self.progress = Progress()
         self.log = MetricsLog(run_dir / "metrics.jsonl")
         self.checkpoints = run_dir / "checkpoints"
 
-    # ----------------------------------------------------------------- state
-    def rng_state(self) -> dict[str, torch.Tensor]:
-        state = {"torch": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            state["cuda"] = torch.cuda.get_rng_state()
-        return state
-
     def checkpoint_at(self, step: int) -> Path:
         """The directory of the checkpoint of `step` (written or not)."""
         return self.checkpoints / f"step-{step:07d}"
 
-    def save(self) -> Path:
-        p = self.progress
-        directory = self.checkpoint_at(p.step)
-        if rank() == 0:
-            ckpt.save_checkpoint(
-                directory, self.model, self.optimizer, {"progress": vars(p)}, self.rng_state()
-            )
-            ckpt.prune_checkpoints(
-                self.checkpoints, max(self.config.keep_checkpoints, self.config.average_last)
-            )
-        return directory
+    def save(self) -> None:
+        if rank() != 0:
+            return
+        rng = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state()
+        directory = self.checkpoint_at(self.progress.step)
+        state = {"progress": vars(self.progress)}
+        ckpt.save_checkpoint(directory, self.model, self.optimizer, state, rng)
+        ckpt.prune_checkpoints(
+            self.checkpoints, max(self.config.keep_checkpoints, self.config.average_last)
+        )
 
     def resume(self) -> None:
         """Continue from the newest checkpoint that verifies, reporting any bad newer ones."""
         directory, problems = ckpt.latest_good_checkpoint(self.checkpoints, check_progress)
         for problem in problems:
             print(f"warning: skipping bad checkpoint: {problem}")
-        if directory is None and not problems and not (self.run_dir / "model.safetensors").exists():
+        weights = self.run_dir / "model.safetensors"
+        if directory is None and not problems and not weights.exists():
             # Stopped before the first validation: nothing to lose, start again from step 0.
             print(f"no checkpoint in {self.checkpoints} yet: training from the start")
             self.log.truncate_after(0)
             return
         if directory is None:
-            weights = self.run_dir / "model.safetensors"
-            extra = (
-                f"; {weights} holds the best weights so far (the ones the run is used with): "
-                "to train again from step 0, move it away and resume again"
-                if weights.exists() and not problems
-                else ""
-            )
-            raise CheckpointError(
-                f"{self.checkpoints}: no complete checkpoint to resume from{extra}"
-            )
+            message = f"{self.checkpoints}: no complete checkpoint to resume from"
+            if not problems:
+                message += (
+                    f"; {weights} holds the best weights so far (the ones the run is used with): "
+                    "to train again from step 0, move it away and resume again"
+                )
+            raise CheckpointError(message)
         record, rng = ckpt.load_checkpoint(directory, self.model, self.optimizer)
         for group in self.optimizer.param_groups:  # settings a resumed run may change
             group["betas"] = (self.config.beta1, self.config.beta2)
@@ -207,7 +193,6 @@ class Trainer:
         self.log.truncate_after(self.progress.step)
         print(f"resuming from {directory} (step {self.progress.step}, epoch {self.progress.epoch})")
 
-    # ----------------------------------------------------------------- loop
     def train(self) -> Progress:
         """Run until max_epochs / max_steps / max_minutes / early stopping."""
         c, p = self.config, self.progress
@@ -278,21 +263,14 @@ class Trainer:
         max_norm = c.clip_norm if c.clip_norm > 0 else math.inf
         graphed = self.graphed_step(max_norm)
         if graphed is not None:
-            # Forward, backward, clipping and the update in one replay; the update is skipped
-            # on the device when the loss or the norm is not finite.
             assert isinstance(self.task, GraphableTask) and len(group) == 1
             loss_t, norm_t = graphed.step(self.task.padded_inputs(group[0], self.device), lr)
             loss_sum, norm, stats = float(loss_t), float(norm_t), dict[str, float]()
         else:
             loss_sum, norm, stats = self.accumulate(group, lr, total, max_norm)
         if not (math.isfinite(loss_sum) and math.isfinite(norm)):
-            if graphed is None:
-                self.optimizer.zero_grad(set_to_none=True)
             self.count_bad_step()
             return False
-        if graphed is None:
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
         p.bad_steps = 0
         p.step += 1
         seconds = time.perf_counter() - start
@@ -304,9 +282,9 @@ class Trainer:
     def accumulate(
         self, group: Sequence[Any], lr: float, total: int, max_norm: float
     ) -> tuple[float, float, dict[str, float]]:
-        """Forward and backward over every batch of `group`, the gradient of the mean loss per
-        target; returns the summed loss, the gradient norm before clipping and the task's
-        summed extra statistics."""
+        """The step over every batch of `group`, on the mean loss per target, unless the loss or
+        the gradient is not finite; returns the summed loss, the gradient norm before clipping
+        and the task's summed extra statistics."""
         for param_group in self.optimizer.param_groups:
             param_group["lr"] = lr
         loss_sum, stats = 0.0, dict[str, float]()
@@ -318,6 +296,9 @@ class Trainer:
             for key, value in extra.items():
                 stats[key] = stats.get(key, 0.0) + value
         norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        if math.isfinite(loss_sum) and math.isfinite(norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
         return loss_sum, norm, stats
 
     def count_bad_step(self) -> None:
@@ -374,9 +355,9 @@ class Trainer:
         ):
             return None
         if self.graphed is None:
-            dtype = torch.bfloat16 if c.bf16 else None
             if c.fast:  # else the reference model, whose shapes are fixed already
                 fast.apply(self.model, packed=False)  # fixed shapes, no host sync
+            dtype = torch.bfloat16 if c.bf16 else None
             self.graphed = GraphedStep(
                 self.model, self.optimizer, self.task.padded_loss, max_norm, dtype
             )
@@ -387,12 +368,15 @@ class Trainer:
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
+    def evaluate(self) -> dict[str, float]:
+        self.model.eval()
+        with torch.no_grad(), self.autocast():
+            return self.task.evaluate(self.device)
+
     def validate(self) -> None:
         """Validate, log, keep the best weights, checkpoint, and apply early stopping."""
         c, p = self.config, self.progress
-        self.model.eval()
-        with torch.no_grad(), self.autocast():
-            metrics = self.task.evaluate(self.device)
+        metrics = self.evaluate()
         value = metrics[self.task.metric]
         self.log.write({"split": "valid", "step": p.step, "epoch": p.epoch, **metrics})
         p.history.append({"step": p.step, **metrics})
@@ -420,11 +404,8 @@ class Trainer:
             print(f"warning: not averaging a bad checkpoint: {problem}")
         if len(found) < 2:
             return
-        averaged = ckpt.average_weights(found)
-        self.model.load_state_dict(averaged, strict=False)
-        self.model.eval()
-        with torch.no_grad(), self.autocast():
-            metrics = self.task.evaluate(self.device)
+        self.model.load_state_dict(ckpt.average_weights(found), strict=False)
+        metrics = self.evaluate()
         self.log.write({"split": "valid", "step": p.step, "averaged": len(found), **metrics})
         tqdm.write(
             f"average of last {len(found)} checkpoints: {self.task.metric} "
@@ -437,3 +418,10 @@ class Trainer:
             if latest.is_dir():  # a resumed run must know what model.safetensors scores
                 ckpt.update_progress(latest, vars(p))
         ckpt.load_weights(self.model, self.run_dir / "model.safetensors")
+
+
+def inverse_sqrt(step: int, peak_lr: float, warmup: int) -> float:
+    """Linear warm-up to `peak_lr` over `warmup` steps, then decay with 1/sqrt(step): the
+    paper's schedule (section 5.3), written with its peak value instead of d_model."""
+    step, warmup = max(step, 1), max(warmup, 1)
+    return peak_lr * min(step / warmup, math.sqrt(warmup / step))
