@@ -140,35 +140,6 @@ def test_frozen_linear_with_relu_equals_the_layer_then_relu(rows: int) -> None:
     torch.testing.assert_close(with_autograd, torch.relu(layer(x)), rtol=1e-5, atol=1e-5)
 
 
-def test_reordered_only_lets_go_of_the_plain_weight_and_refuses_what_needs_it() -> None:
-    torch.manual_seed(0)
-    layer = nn.Linear(32, 300)
-    expected = layer(x := torch.randn(8, 32)).detach()
-    frozen = FrozenLinear(layer, 8).reordered_only()
-    if frozen.blocked is None:  # a torch without oneDNN: the plain weight stays, as it is
-        assert frozen.plain and frozen.weight is layer.weight
-        return
-    assert not frozen.plain and frozen.linear.weight.numel() == 0
-    assert layer.weight.shape == (300, 32)  # the layer it was made from is left as it was
-    with torch.inference_mode():
-        torch.testing.assert_close(frozen(x), expected, rtol=1e-5, atol=1e-5)
-    with pytest.raises(RuntimeError, match="kept only its reordered weight"):
-        frozen(x)  # under autograd
-    with pytest.raises(RuntimeError, match="kept only its reordered weight"):
-        frozen.weight  # noqa: B018
-    with pytest.raises(RuntimeError, match="kept only its reordered weight"):
-        frozen.part(0, 100)  # its rows are gone with the plain weight
-
-
-def test_reordered_only_keeps_the_plain_weight_where_it_cannot_reorder() -> None:
-    layer = nn.Linear(8, 4).to(torch.float16)
-    frozen = FrozenLinear(layer, 3).reordered_only()
-    assert frozen.plain and frozen.blocked is None
-    with torch.inference_mode():
-        x = torch.randn(3, 8, dtype=torch.float16)
-        assert torch.equal(frozen(x), layer(x))
-
-
 def test_frozen_linear_without_the_reorder_operator_is_the_layer(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -29,13 +29,11 @@ class FrozenLinear(nn.Module):
         self.reorders = _applies(linear.weight) and onednn_available()
         self.blocked: Tensor | None = None  # made at the first call that uses it
         self.bias = None if linear.bias is None else linear.bias.detach()
-        self.plain = True  # False once `reordered_only` has let go of the (out, in) weight
         self._parts: dict[tuple[int, int], FrozenLinear] = {}
 
     @property
     def weight(self) -> Tensor:
         """The layer's own (out, in) weight, for code that slices it."""
-        self._check_plain()
         return self.linear.weight
 
     def forward(self, x: Tensor, relu: bool = False) -> Tensor:
@@ -45,7 +43,6 @@ class FrozenLinear(nn.Module):
             if blocked is not None and x.dtype == blocked.dtype:
                 activation = "relu" if relu else "none"
                 return torch.ops.mkldnn._linear_pointwise(x, blocked, self.bias, activation, [], "")
-        self._check_plain()
         out = linear(x, self.linear.weight, self.linear.bias)  # (..., out)
         return torch.relu(out) if relu else out
 
@@ -53,26 +50,9 @@ class FrozenLinear(nn.Module):
         """The layer of output rows [start, stop) of this one, frozen in turn; made once."""
         if (start, stop) not in self._parts:
             bias = None if self.bias is None else self.bias[start:stop]
-            linear = as_linear(self.weight.detach()[start:stop], bias)  # needs the plain one
+            linear = as_linear(self.weight.detach()[start:stop], bias)
             self._parts[start, stop] = FrozenLinear(linear, self.rows)
         return self._parts[start, stop]
-
-    def reordered_only(self) -> FrozenLinear:
-        """Reorder the weight now and drop the plain one (where it can be reordered); returns
-        the layer. Then calls that cannot use the reordered copy, `weight` and `part` raise
-        RuntimeError."""
-        if self._blocked() is not None:
-            empty = self.linear.weight.detach().new_empty(0, self.linear.in_features)  # (0, in)
-            self.linear = as_linear(empty)
-            self.plain = False
-        return self
-
-    def _check_plain(self) -> None:
-        if not self.plain:
-            raise RuntimeError(
-                "this frozen layer kept only its reordered weight: call it without autograd, "
-                "with inputs of the weight's dtype and device"
-            )
 
     def _blocked(self) -> Tensor | None:
         """The reordered weight, made now if not yet; None where it cannot be."""
