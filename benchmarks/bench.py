@@ -1,8 +1,8 @@
 """Speed of qkv against existing PyTorch encoder-decoder Transformers, like for like.
 
     python benchmarks/bench.py --json bench.json --md bench.md \\
-        [--peers torch_nn,hf_marian,xtransformers,xtransformers_flash] [--threads 2] \\
-        [--baseline ../old-checkout [--baseline-label OLD]] [--quick]
+        [--peers torch_nn,hf_marian,xtransformers,xtransformers_flash,ct2_float32,ct2_int8] \\
+        [--threads 2] [--baseline ../old-checkout [--baseline-label OLD]] [--quick]
 
 Every system has the same shape (d_model 256, 4 heads, d_ff 1024, 3 + 3 layers, dropout 0.1,
 attention dropout 0.0, separate 8,000-token vocabularies), trains on the identical batches
@@ -17,6 +17,7 @@ CPU); one batch at a time, as the peers ship, is measured beside it.
 `--baseline TREE` adds the qkv of another source tree as one more system, built by that tree's
 own `benchmarks/qkv_side.py` with `TREE/src` first on its workers' PYTHONPATH; the report gives
 this tree's figures over the baseline's. Peers that are not installed are skipped with a note.
+The CTranslate2 peers decode only: their training phase is not run.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ ROOT = os.path.dirname(HERE)  # the source tree whose qkv is "qkv"
 sys.path.insert(0, HERE)
 
 import report  # noqa: E402
-from peers import PEERS, available  # noqa: E402
+from peers import PEERS, QKV_PEERS, available, trainable  # noqa: E402
 
 BEST_PROBE = {"gflops": 0.0}  # the best 1024^3 probe of this run: what an idle core gives
 # The decoding comparisons name Hugging Face's `generate`, the one peer with beam search too.
@@ -108,9 +109,10 @@ def run_phase(phase: str, args: argparse.Namespace, **extra: Any) -> dict[str, A
 
 
 def tree_of(job: dict[str, Any]) -> str | None:
-    """The source tree whose qkv a phase imports (None: no qkv)."""
+    """The source tree whose qkv a phase imports (None: no qkv): this tree's for the pairs and
+    the peers exported from its model (`QKV_PEERS`)."""
     trees = job.get("qkv_trees") or {}
-    if job["phase"] == "pair":
+    if job["phase"] == "pair" or job.get("system") in QKV_PEERS:
         return trees.get(QKV)
     return trees.get(job.get("system", ""))
 
@@ -242,11 +244,13 @@ def main_run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "allocator": ALLOCATOR,
         "load_start": machine_load(2 * args.load_interval),
         "skipped_peers": [p for p in wanted if p not in peers],
+        "decode_only": [p for p in peers if not trainable(p)],
         "systems": {},
     }
     results["peak"] = run_phase("peak", args)
     systems = [*args.qkv_trees, *peers]
-    train = {} if args.no_train else {s: run_phase("train", args, system=s) for s in systems}
+    trains = [s for s in systems if s not in results["decode_only"]]
+    train = {} if args.no_train else {s: run_phase("train", args, system=s) for s in trains}
     decode = {} if args.no_decode else decode_in_rounds(args, systems)
     for s in systems:
         results["systems"][s] = {"train": train.get(s, {}), "decode": decode.get(s, {})}
@@ -327,7 +331,7 @@ def versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     found = {"python": platform.python_version()}
-    for package in ("torch", "transformers", "x-transformers", "numpy"):
+    for package in ("torch", "transformers", "x-transformers", "ctranslate2", "numpy"):
         try:
             found[package] = version(package)
         except PackageNotFoundError:

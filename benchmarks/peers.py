@@ -1,4 +1,5 @@
-"""The peers: existing PyTorch encoder-decoder Transformers, built to the benchmark's shape.
+"""The peers: existing PyTorch encoder-decoder Transformers, built to the benchmark's shape,
+and CTranslate2 decoding qkv's exported model.
 
 Each adapter exposes the same small interface as the qkv side (`qkv_side.py`):
 
@@ -13,12 +14,19 @@ Each adapter exposes the same small interface as the qkv side (`qkv_side.py`):
 Every peer is set up as it runs best and as qkv is: attention dropout 0.0 (qkv's default and
 Marian's own; dropout 0.1 elsewhere), Adam with `fused=True`. The peers are an optional extra
 (`pip install -e .[bench]`); torch_nn needs only torch.
+
+The CTranslate2 peers (`ct2_float32`, `ct2_int8`; `pip install -e .[deploy]`) decode only:
+they have no `loss` (`trainable`), and their `model` is the qkv model they were exported from,
+kept only so that the phases can move it and put it in eval mode as any system's;
+`weights_dtype` says what their translators compute in.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import math
+import os
+import tempfile
 from typing import Any
 
 import torch
@@ -27,13 +35,25 @@ from torch import Tensor, nn
 from workload import BOS, EOS, PAD, Shape
 
 LABEL_SMOOTHING = 0.1
-PEERS = ("torch_nn", "hf_marian", "xtransformers", "xtransformers_flash")
+PEERS = (
+    "torch_nn",
+    "hf_marian",
+    "xtransformers",
+    "xtransformers_flash",
+    "ct2_float32",
+    "ct2_int8",
+)
 REQUIRES = {
     "torch_nn": "torch",
     "hf_marian": "transformers",
     "xtransformers": "x_transformers",
     "xtransformers_flash": "x_transformers",
+    "ct2_float32": "ctranslate2",
+    "ct2_int8": "ctranslate2",
 }
+QKV_PEERS = ("ct2_float32", "ct2_int8")
+"""Peers built from this tree's qkv (its model and exporter): their workers import this tree's
+`qkv`, as the qkv system's do."""
 ATTENTION_DROPOUT = 0.0
 """Dropout on the attention weights, for every peer: qkv's default, and Marian's."""
 MARIAN_TOKENS: dict[str, Any] = {
@@ -373,13 +393,139 @@ class XTransformersFlashPeer(XTransformersPeer):
         super().__init__(shape, flash=True)
 
 
-def build_peer(name: str, shape: Shape) -> Peer:
-    builders: dict[str, type[Peer]] = {
-        "torch_nn": TorchNNPeer,
-        "hf_marian": HFMarianPeer,
-        "xtransformers": XTransformersPeer,
-        "xtransformers_flash": XTransformersFlashPeer,
-    }
-    if name not in builders:
-        raise SystemExit(f"unknown peer {name!r}; known: {', '.join(builders)}")
-    return builders[name](shape)
+def ct2_vocabulary(size: int) -> list[str]:
+    """Token strings for the ids 0..size-1: qkv's special tokens at the benchmark's special ids
+    (PAD, BOS, EOS, then "<unk>", which CTranslate2 needs), a word string for every other id."""
+    from qkv.data import special
+
+    assert (PAD, BOS, EOS) == (special.PAD_ID, special.BOS_ID, special.EOS_ID)
+    first = special.UNK_ID + 1
+    return [*special.SPECIAL_TOKENS[:first], *(f"w{i}" for i in range(first, size))]
+
+
+class CTranslate2Peer(Peer):
+    """qkv's model of the benchmark's shape, exported by qkv's own exporter
+    (`qkv.export.ctranslate2.transformer_spec`, what `qkv export` runs) and decoded by a
+    `ctranslate2.Translator`. Decoding only.
+
+    Two translators of the same export, one per thread layout of the decoding phase: "split"
+    (`split` replicas of `threads / split` threads: CTranslate2 releases the GIL, so that as
+    many Python threads decode as many batches at once) and "one" (one replica on all the
+    threads). A call takes "split" when its thread runs fewer torch threads than the phase
+    (a worker thread of `phases.map_split`), "one" otherwise.
+    """
+
+    name = "ct2_float32"
+    quantization: str | None = None
+    # its weights are CTranslate2's, as exported: the torch model is never cast or used
+    bf16_weights = False
+
+    def __init__(
+        self, shape: Shape, device: str = "cpu", split: int = 1, model: nn.Module | None = None
+    ) -> None:
+        """`model`: a qkv model of `shape` to export (tests); by default a new one, seeded by
+        the phase as every system is."""
+        import ctranslate2
+        from qkv_side import model_config
+
+        import qkv
+        from qkv.export.ctranslate2 import transformer_spec
+        from qkv.model import Seq2SeqTransformer
+
+        self.model = (model or Seq2SeqTransformer(model_config(shape))).eval()
+        self.source = ct2_vocabulary(shape.src_vocab)
+        target = ct2_vocabulary(shape.tgt_vocab)
+        self.index = {token: i for i, token in enumerate(target)}
+        self.threads = torch.get_num_threads()
+        layouts = {"one": (1, self.threads)}
+        if split > 1:
+            layouts["split"] = (split, max(1, self.threads // split))
+        self.translators: dict[str, Any] = {}
+        with tempfile.TemporaryDirectory() as folder:
+            spec = transformer_spec(self.model, self.source, target)
+            spec.validate()
+            spec.optimize(quantization=self.quantization)
+            spec.save(folder)
+            del spec
+            for way, (inter, intra) in layouts.items():
+                self.translators[way] = ctranslate2.Translator(
+                    folder, device=device, inter_threads=inter, intra_threads=intra
+                )
+        # A Translator sets its intra_threads as the calling thread's OpenMP threads, which
+        # torch shares: the phase's count is given back.
+        torch.set_num_threads(self.threads)
+        compute = self.translators["one"].compute_type
+        self.weights_dtype = f"ctranslate2 {compute}"
+        self.meta = {
+            "impl": f"ctranslate2 {ctranslate2.__version__} Translator on qkv's "
+            "Seq2SeqTransformer (post-norm, relu, sinusoidal positions, separate vocabularies) "
+            "exported by qkv.export.ctranslate2.transformer_spec, quantization "
+            f"{self.quantization or 'none'}, compute type {compute}, on {device}",
+            "attention": "CTranslate2's own multi-head attention (C++)",
+            "kv_cache": "yes (CTranslate2's decoder state: self-attention cache, cross K/V once)",
+            "threads": "; ".join(
+                f"{way}: Translator(inter_threads={inter}, intra_threads={intra})"
+                for way, (inter, intra) in layouts.items()
+            ),
+            "export": f"qkv package {os.path.dirname(os.path.realpath(qkv.__file__))}",
+        }
+
+    def layout(self) -> str:
+        """The translator for the calling thread: "split" in a worker thread of a share of the
+        torch threads, "one" on all of them."""
+        if "split" in self.translators and torch.get_num_threads() < self.threads:
+            return "split"
+        return "one"
+
+    def _translate(self, src: Tensor, n: int, k: int) -> Tensor:
+        """Exactly n new tokens per source (EOS only at n, and left out), the best of k."""
+        tokens = [[self.source[i] for i in row if i != PAD] for row in src.tolist()]
+        results = self.translators[self.layout()].translate_batch(
+            tokens,
+            beam_size=k,
+            num_hypotheses=1,
+            min_decoding_length=n,
+            max_decoding_length=n,
+            return_end_token=False,
+            max_input_length=0,
+        )
+        found = [[self.index[t] for t in r.hypotheses[0]] for r in results]
+        return torch.tensor(found, dtype=torch.long)
+
+    def greedy(self, src: Tensor, n: int) -> Tensor:
+        return self._translate(src, n, 1)
+
+    def beam(self, src: Tensor, n: int, k: int) -> Tensor:
+        return self._translate(src, n, k)
+
+
+class CTranslate2Int8Peer(CTranslate2Peer):
+    """The same export quantized to int8 (`spec.optimize(quantization="int8")`)."""
+
+    name = "ct2_int8"
+    quantization = "int8"
+
+
+BUILDERS: dict[str, type[Peer]] = {
+    "torch_nn": TorchNNPeer,
+    "hf_marian": HFMarianPeer,
+    "xtransformers": XTransformersPeer,
+    "xtransformers_flash": XTransformersFlashPeer,
+    "ct2_float32": CTranslate2Peer,
+    "ct2_int8": CTranslate2Int8Peer,
+}
+
+
+def trainable(name: str) -> bool:
+    """Whether a peer trains (has a `loss`); the others decode only."""
+    return hasattr(BUILDERS[name], "loss")
+
+
+def build_peer(name: str, shape: Shape, device: str = "cpu", split: int = 1) -> Peer:
+    """Peer `name` of `shape`. The CTranslate2 peers are made on `device`, with a translator
+    for `split` batches at once besides the one for one batch at a time."""
+    if name not in BUILDERS:
+        raise SystemExit(f"unknown peer {name!r}; known: {', '.join(BUILDERS)}")
+    if issubclass(BUILDERS[name], CTranslate2Peer):
+        return BUILDERS[name](shape, device=device, split=split)
+    return BUILDERS[name](shape)

@@ -14,7 +14,9 @@ Hugging Face's `torch_dtype=torch.bfloat16`, qkv's `translate --bf16`.
 
 A system is a peer (`peers.py`) or qkv, built by a source tree's own `benchmarks/qkv_side.py`
 (`load_qkv_side`) with that tree's own `qkv` package. Nothing here imports qkv: the qkv side
-is the one place that knows its internals.
+is the one place that knows its internals (and the CTranslate2 peers, exported from this
+tree's qkv model). A system that decodes outside torch (CTranslate2) still has a torch `model`
+to move and put in eval mode, and names its own weights (`weights_dtype`).
 """
 
 from __future__ import annotations
@@ -127,7 +129,7 @@ def build(name: str, shape: Shape, args: Any) -> Any:
     else:
         from peers import build_peer
 
-        system = build_peer(name, shape)
+        system = build_peer(name, shape, device_of(args).type, split_of(args))
     system.model.to(device_of(args))
     return system
 
@@ -519,7 +521,8 @@ def phase_decode(args: Any) -> dict[str, Any]:
     for_decoding(system, args)
     batches = decode_batches(args, shape)
     sentences = sum(b.size(0) for b in batches)
-    weights = str(next(system.model.parameters()).dtype)
+    # a system that decodes outside torch (CTranslate2) names its own weights
+    weights = getattr(system, "weights_dtype", None) or str(next(system.model.parameters()).dtype)
     result: dict[str, Any] = {
         "system": args.system,
         "meta": system.meta,

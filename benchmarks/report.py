@@ -83,7 +83,8 @@ def ratio_rows(
     blank: int,
 ) -> list[str]:
     """qkv over the best peer (highest speed, lowest memory), then qkv over each baseline
-    (new / old), figure by figure; `blank` empty cells after the name."""
+    (new / old) and over each decode-only peer, figure by figure; `blank` empty cells after the
+    name. A decode-only peer has no training figures: the best peer of those is a trainable one."""
     if QKV not in rows:
         return []
     q, lines = rows[QKV], []
@@ -105,14 +106,16 @@ def ratio_rows(
                 lowest.append(ratio(q[key], min(values)) if values else "—")
             cells.append(" / ".join(lowest) + " (lowest)")
         lines.append(row("**qkv / best peer**", cells))
-    for old in results.get("baselines", []):
-        if old not in rows:
+    others = [(old, f"**qkv / {old}** (new / old)") for old in results.get("baselines", [])]
+    others += [(peer, f"**qkv / {peer}**") for peer in results.get("decode_only", [])]
+    for other, label in others:
+        if other not in rows:
             continue
-        o = rows[old]
+        o = rows[other]
         cells = [ratio(q[key], o[key]) for key in speeds]
         if memory:
             cells.append(" / ".join(ratio(q[key], o[key]) for key in memory))
-        lines.append(row(f"**qkv / {old}** (new / old)", cells))
+        lines.append(row(label, cells))
     return lines
 
 
@@ -131,12 +134,14 @@ def headline(results: dict[str, Any]) -> list[str]:
         f"beam-{k} sent/s | peak {memory_kind} MB train / greedy / beam-{k} |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
+    decode_only = results.get("decode_only", [])
     for name, f in rows.items():
         train_mark = " †" if f["train_contended"] else ""
         decode_mark = " †" if f["decode_contended"] else ""
         mfu = f"{fmt(f['mfu'], 1)} %" if f["mfu"] else "—"
+        train = "decode only" if name in decode_only else f"{fmt(f['identical'])}{train_mark}"
         lines.append(
-            f"| {name} | {fmt(f['non_embedding'])} | {fmt(f['identical'])}{train_mark} | {mfu} | "
+            f"| {name} | {fmt(f['non_embedding'])} | {train} | {mfu} | "
             f"{fmt(f['greedy'], 1)}{decode_mark} | {fmt(f['beam'], 1)}{decode_mark} | "
             f"{fmt(f['rss_train'])} / {fmt(f['rss_greedy'])} / {fmt(f['rss_beam'])} |"
         )
@@ -147,6 +152,7 @@ def headline(results: dict[str, Any]) -> list[str]:
         ["rss_train", "rss_greedy", "rss_beam"],
         1,
     )
+    lines += engines(results)
     if any(f["train_contended"] or f["decode_contended"] for f in rows.values()):
         lines += [
             "",
@@ -155,6 +161,34 @@ def headline(results: dict[str, Any]) -> list[str]:
             "interleaved pairs.",
         ]
     return lines
+
+
+def engines(results: dict[str, Any]) -> list[str]:
+    """What the decode-only peers (CTranslate2) are, and which translator took each way."""
+    found = [p for p in results.get("decode_only", []) if p in results["systems"]]
+    if not found:
+        return []
+    layouts: dict[str, list[str]] = {}
+    for name in found:
+        meta = results["systems"][name].get("decode", {}).get("meta", {})
+        if meta.get("threads"):
+            layouts.setdefault(meta["threads"], []).append(name)
+    described = "; ".join(
+        layout if len(names) == len(found) else f"{', '.join(names)}: {layout}"
+        for layout, names in layouts.items()
+    )
+    return [
+        "",
+        f"{', '.join(found)}: CTranslate2, decoding only (no training phase): qkv's model of "
+        "this shape converted by qkv's exporter (as `qkv export`), float32 or int8 weights, "
+        "decoding the same batches to exactly as many new tokens. Each way has a translator of "
+        "its own: a batch in a worker thread of the split goes to one of a replica per worker "
+        "thread, a batch one at a time to one replica on all the threads"
+        + (f" ({described})" if described else "")
+        + ". Their peak RSS includes the torch model they were exported from, the export "
+        "and both translators. The best peer's training figures are those of the trainable "
+        "peers.",
+    ]
 
 
 def as_shipped(results: dict[str, Any]) -> list[str]:
@@ -320,7 +354,8 @@ def settings(results: dict[str, Any]) -> list[str]:
     for name, r in results["systems"].items():
         train, decode = r.get("train", {}), r.get("decode", {})
         meta = train.get("meta") or decode.get("meta") or {}
-        parts = [meta.get(k) for k in ("impl", "attention", "kv_cache") if meta.get(k)]
+        keys = ("impl", "attention", "kv_cache", "threads", "export")
+        parts = [meta.get(k) for k in keys if meta.get(k)]
         if train.get("optimizer"):
             parts.append(f"optimizer {train['optimizer']}")
         tuned = {x.get("allocator_tuned") for x in (train, decode) if "allocator_tuned" in x}
@@ -428,7 +463,8 @@ def render(results: dict[str, Any]) -> str:
         "# qkv speed benchmark",
         "",
         f"{results['generated']}; {v['cpu']}; {a['threads']} torch threads; torch {v['torch']}, "
-        f"transformers {v['transformers']}, x-transformers {v['x-transformers']}. "
+        f"transformers {v['transformers']}, x-transformers {v['x-transformers']}, "
+        f"ctranslate2 {v.get('ctranslate2', 'not recorded')}. "
         f"Total wall {results['total_wall_s']:.0f} s.",
         "",
         f"`{results['command']}`",
