@@ -29,12 +29,8 @@ def run(args: argparse.Namespace) -> int:
             raise DataError("<stdin>", "empty text (nothing but spaces or line breaks)", empty[0])
     for text, (label, prob) in zip(texts, classifier.predict(texts), strict=True):
         if args.json:
-            print(
-                json.dumps(
-                    {"label": label, "probability": round(prob, 6), "text": text},
-                    ensure_ascii=False,
-                )
-            )
+            record = {"label": label, "probability": round(prob, 6), "text": text}
+            print(json.dumps(record, ensure_ascii=False))
         else:
             print(f"{label}\t{prob:.4f}")
     return 0
@@ -82,10 +78,9 @@ def confusion_lines(labels: list[str], confusion: list[list[int]]) -> list[str]:
 def display_width(text: str) -> int:
     """Columns `text` takes on a terminal: two for wide characters (CJK, emoji), none for
     combining marks and joiners."""
-    return sum(_columns(character) for character in text)
-
-
-def _columns(character: str) -> int:
-    if unicodedata.combining(character) or unicodedata.category(character) in ("Mn", "Me", "Cf"):
-        return 0  # accents, variation selectors, zero-width joiners
-    return 2 if unicodedata.east_asian_width(character) in ("W", "F") else 1
+    width = 0
+    for char in text:
+        if unicodedata.combining(char) or unicodedata.category(char) in ("Mn", "Me", "Cf"):
+            continue  # accents, variation selectors, zero-width joiners
+        width += 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
+    return width

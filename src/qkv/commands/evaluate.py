@@ -45,14 +45,8 @@ def _translation(args: argparse.Namespace) -> int:
     )
     scores = score_translations(hypotheses, references)
     if args.json:
-        settings = {
-            "beam": args.beam,
-            "alpha": args.alpha,
-            "bf16": args.bf16,
-            "max_len_a": args.max_len_a,
-            "max_len_b": args.max_len_b,
-        }
-        print_json({**settings, **scores.to_dict()})
+        settings = ("beam", "alpha", "bf16", "max_len_a", "max_len_b")
+        print_json({**{key: getattr(args, key) for key in settings}, **scores.to_dict()})
     else:
         print(f"BLEU {scores.bleu:.2f}  ({scores.bleu_signature})")
         print(f"chrF {scores.chrf:.2f}  ({scores.chrf_signature})")

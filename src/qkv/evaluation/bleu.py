@@ -24,12 +24,7 @@ class TranslationScores:
 
 
 def score_translations(hypotheses: list[str], references: list[str]) -> TranslationScores:
-    """Scores `hypotheses` against `references`, equal-length lists of detokenized text.
-
-    Raises:
-        TypeError: if either is one string rather than a list of sentences.
-        ValueError: if their lengths differ or they are empty.
-    """
+    """Scores `hypotheses` against `references`, equal-length lists of detokenized text."""
     if isinstance(hypotheses, str) or isinstance(references, str):
         raise TypeError("hypotheses and references must be lists of sentences, not one string")
     if len(hypotheses) != len(references):

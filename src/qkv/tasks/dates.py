@@ -83,18 +83,8 @@ DATE_FORMATS: dict[str, Callable[[datetime.date], str]] = {
 
 def generate_date_pairs(n: int, seed: int) -> list[tuple[str, str]]:
     """Draws `n` (human-written date, ISO date) pairs, such as
-    `("Wednesday, March 3, 2021", "2021-03-03")`.
-
-    Dates are uniform over 1900-01-01..2099-12-31, each in a style drawn uniformly from
-    `DATE_FORMATS`. The same `seed` always gives the same pairs.
-
-    Args:
-        n: number of pairs, zero or more.
-        seed: seed of a private generator; the global `random` state is untouched.
-
-    Raises:
-        ConfigError: if `n` is negative.
-    """
+    `("Wednesday, March 3, 2021", "2021-03-03")`: dates uniform over FIRST_DATE..LAST_DATE, each
+    in a style drawn uniformly from `DATE_FORMATS`, from a private generator seeded by `seed`."""
     if n < 0:
         raise ConfigError(f"the number of date pairs must be zero or more, got {n}")
     rng = random.Random(seed)
@@ -103,6 +93,5 @@ def generate_date_pairs(n: int, seed: int) -> list[tuple[str, str]]:
     pairs = []
     for _ in range(n):
         day = datetime.date.fromordinal(rng.randint(first, last))
-        render = rng.choice(renderers)
-        pairs.append((render(day), day.isoformat()))
+        pairs.append((rng.choice(renderers)(day), day.isoformat()))
     return pairs
