@@ -13,11 +13,6 @@ from collections.abc import Sequence
 from qkv import __version__
 from qkv.errors import QkvError, os_problem
 
-SEARCH_OPTIONS = ("beam", "alpha")
-SAMPLING_OPTIONS = ("temperature", "top_k", "top_p")
-INPUT_COMMANDS = ("translate", "classify")
-"""Commands that read their texts from --input FILE or stdin."""
-
 
 def _command(
     sub: argparse._SubParsersAction,
@@ -33,7 +28,7 @@ def _command(
         return int(importlib.import_module(f"qkv.commands.{name}").run(args))
 
     parser = sub.add_parser(name, help=help, epilog=epilog)
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, default=parser.get_default)
     if run_dir:
         parser.add_argument("run_dir", metavar="RUN")
     return parser
@@ -160,9 +155,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decoding(translate, sampling=True)
     translate.add_argument("--input", metavar="FILE", help="one sentence per line (default stdin)")
     translate.add_argument("--output", metavar="FILE", help="default stdout")
-    # Their defaults, so that one given where it does not apply can be refused.
-    defaults = {dest: translate.get_default(dest) for dest in SEARCH_OPTIONS + SAMPLING_OPTIONS}
-    translate.set_defaults(option_defaults=defaults)
 
     evaluate = _command(sub, "evaluate", "score a run on a test set")
     evaluate.add_argument("--src", metavar="FILE", help="translation: source sentences")
@@ -170,13 +162,6 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--data", metavar="FILE", help="classification: labelled file")
     _add_decoding(evaluate)
     evaluate.add_argument("--json", action="store_true", help="print one JSON object")
-    translation_only = ("src", "ref", "beam", "alpha", "max_len_a", "max_len_b", "workers", "bf16")
-    # Their defaults, so that one given for the other task can be refused.
-    task_options = {
-        "translation": {dest: evaluate.get_default(dest) for dest in translation_only},
-        "classification": {"data": evaluate.get_default("data")},
-    }
-    evaluate.set_defaults(task_options=task_options)
 
     classify = _command(sub, "classify", "label texts with a trained classification run")
     classify.add_argument(
@@ -236,7 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     accepts_overrides = getattr(args, "accepts_overrides", False)
     pairs = [item for item in extra if "=" in item and not item.startswith("-")]
     if len(pairs) < len(extra) or (pairs and not accepts_overrides):
-        hint = " (give an input file with --input FILE)" if args.command in INPUT_COMMANDS else ""
+        reads_input = args.command in ("translate", "classify")  # from --input FILE or stdin
+        hint = " (give an input file with --input FILE)" if reads_input else ""
         unknown = [item for item in extra if not (accepts_overrides and item in pairs)]
         parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
     args.overrides = pairs
@@ -264,13 +250,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-def given_options(args: argparse.Namespace, defaults: dict[str, object]) -> list[str]:
-    """The flags ("--top-k") of the options in `defaults` (destination -> default value) that
-    the command line set to something else."""
+def given_options(args: argparse.Namespace, dests: Sequence[str]) -> list[str]:
+    """The flags ("--top-k") of the options `dests` ("top_k") that the command line set to
+    other than their defaults."""
     return [
-        "--" + dest.replace("_", "-")
-        for dest, default in defaults.items()
-        if getattr(args, dest) != default
+        "--" + dest.replace("_", "-") for dest in dests if getattr(args, dest) != args.default(dest)
     ]
 
 

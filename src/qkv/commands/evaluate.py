@@ -9,10 +9,16 @@ from qkv.cli import device_name, given_options, print_json
 from qkv.errors import ConfigError
 from qkv.run import RunConfig
 
+TASK_OPTIONS = {
+    "translation": ("src", "ref", "beam", "alpha", "max_len_a", "max_len_b", "workers", "bf16"),
+    "classification": ("data",),
+}
+"""The options of `qkv evaluate` that belong to each task."""
+
 
 def run(args: argparse.Namespace) -> int:
     task = RunConfig.load(Path(args.run_dir)).task
-    for other, options in args.task_options.items():
+    for other, options in TASK_OPTIONS.items():
         if other != task and (given := given_options(args, options)):
             raise ConfigError(f"{given[0]} is for {other} runs; {args.run_dir} is a {task} run")
     if task == "translation":

@@ -52,14 +52,6 @@ def _month(day: datetime.date) -> str:
     return MONTHS[day.month - 1]
 
 
-def _short_month(day: datetime.date) -> str:
-    return MONTHS[day.month - 1][:3]
-
-
-def _weekday(day: datetime.date) -> str:
-    return WEEKDAYS[day.weekday()]
-
-
 # Renderers of one date style each, keyed by how they write Wednesday 3 March 2021.
 DATE_FORMATS: dict[str, Callable[[datetime.date], str]] = {
     "3 March 2021": lambda d: f"{d.day} {_month(d)} {d.year}",
@@ -67,17 +59,17 @@ DATE_FORMATS: dict[str, Callable[[datetime.date], str]] = {
     "03/03/2021 (US month first)": lambda d: f"{d.month:02d}/{d.day:02d}/{d.year}",
     "3/3/2021 (US month first)": lambda d: f"{d.month}/{d.day}/{d.year}",
     "03.03.2021 (day first)": lambda d: f"{d.day:02d}.{d.month:02d}.{d.year}",
-    "Wednesday, March 3, 2021": lambda d: f"{_weekday(d)}, {_month(d)} {d.day}, {d.year}",
-    "Wed 3 Mar 2021": lambda d: f"{_weekday(d)[:3]} {d.day} {_short_month(d)} {d.year}",
-    "Mar 3 2021": lambda d: f"{_short_month(d)} {d.day} {d.year}",
-    "Mar. 3, 2021": lambda d: f"{_short_month(d)}. {d.day}, {d.year}",
+    "Wednesday, March 3, 2021": lambda d: f"{WEEKDAYS[d.weekday()]}, {_month(d)} {d.day}, {d.year}",
+    "Wed 3 Mar 2021": lambda d: f"{WEEKDAYS[d.weekday()][:3]} {d.day} {_month(d)[:3]} {d.year}",
+    "Mar 3 2021": lambda d: f"{_month(d)[:3]} {d.day} {d.year}",
+    "Mar. 3, 2021": lambda d: f"{_month(d)[:3]}. {d.day}, {d.year}",
     "2021/03/03": lambda d: f"{d.year}/{d.month:02d}/{d.day:02d}",
     "3rd of March 2021": lambda d: f"{ordinal(d.day)} of {_month(d)} {d.year}",
     "the 3rd of March, 2021": lambda d: f"the {ordinal(d.day)} of {_month(d)}, {d.year}",
     "MARCH 3 2021": lambda d: f"{_month(d).upper()} {d.day} {d.year}",
     "march 3rd, 2021": lambda d: f"{_month(d).lower()} {ordinal(d.day)}, {d.year}",
-    "3-Mar-2021": lambda d: f"{d.day}-{_short_month(d)}-{d.year}",
-    "03 MAR 2021": lambda d: f"{d.day:02d} {_short_month(d).upper()} {d.year}",
+    "3-Mar-2021": lambda d: f"{d.day}-{_month(d)[:3]}-{d.year}",
+    "03 MAR 2021": lambda d: f"{d.day:02d} {_month(d)[:3].upper()} {d.year}",
 }
 
 
