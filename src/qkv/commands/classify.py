@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import unicodedata
+from dataclasses import asdict
 from pathlib import Path
 
 from qkv.cli import device_name, print_json
@@ -49,7 +50,7 @@ def evaluate_classification(args: argparse.Namespace) -> int:
     predicted = classifier.probabilities(texts).argmax(-1).tolist()
     scores = score_classification([index[g] for g in gold], predicted, classifier.labels)
     if args.json:
-        print_json(scores.to_dict())
+        print_json(asdict(scores))
         return 0
     print(
         f"accuracy {scores.accuracy:.4f}  macro-F1 {scores.macro_f1:.4f}  "

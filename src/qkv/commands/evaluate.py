@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import asdict
 from pathlib import Path
 
 from qkv.cli import device_name, given_options, print_json
@@ -52,7 +53,7 @@ def _translation(args: argparse.Namespace) -> int:
     scores = score_translations(hypotheses, references)
     if args.json:
         settings = ("beam", "alpha", "bf16", "max_len_a", "max_len_b")
-        print_json({**{key: getattr(args, key) for key in settings}, **scores.to_dict()})
+        print_json({**{key: getattr(args, key) for key in settings}, **asdict(scores)})
     else:
         print(f"BLEU {scores.bleu:.2f}  ({scores.bleu_signature})")
         print(f"chrF {scores.chrf:.2f}  ({scores.chrf_signature})")

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 from sacrebleu.metrics import BLEU, CHRF
 
@@ -18,9 +17,6 @@ class TranslationScores:
     chrf_signature: str
     bleu_lowercase: float  # secondary: lowercased, as tutorials often report
     sentences: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def score_translations(hypotheses: list[str], references: list[str]) -> TranslationScores:

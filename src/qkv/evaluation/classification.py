@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 
 @dataclass
@@ -13,9 +12,6 @@ class ClassificationScores:
     confusion: list[list[int]]  # confusion[true][predicted]
     labels: list[str]
     examples: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def score_classification(

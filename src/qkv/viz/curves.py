@@ -68,9 +68,9 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
 def plot_curves(metrics_path: str | Path, out_path: str | Path) -> Path:
     """Plots a run's training curves to a picture (see `viz.attention.save_figure`); returns
-    its path. Panels, against step: train and valid loss; the learning rate; one per metric of the
-    valid records (BLEU, chrF, accuracy, ...), with its train values where they exist. The
-    final checkpoint average's score is a separate star, not a point of the valid line."""
+    its path. Panels, against step: train and valid loss; the learning rate; one per metric
+    of the valid records (BLEU, chrF, accuracy, ...), with its train values where they exist.
+    The final checkpoint average's score is a separate star, not a point of the valid line."""
     records = read_metrics(metrics_path)
     train = [r for r in records if r.get("split") == "train"]
     valid_records = [r for r in records if r.get("split") == "valid"]
