@@ -159,7 +159,8 @@ class ClassificationTask:
         for batch in token_budget_batches(lengths, budget, shuffle=False, seed=0, epoch=0):
             ids, labels = [self.valid_ids[i] for i in batch], [self.valid_labels[i] for i in batch]
             loss, right = self._scores(ids, labels, 0.0, device)
-            total, correct = total + float(loss), correct + right
+            total += float(loss)
+            correct += right
         n = max(len(self.valid_ids), 1)
         return {"loss": total / n, "accuracy": correct / n}
 
