@@ -8,86 +8,44 @@ import json
 import os
 import sys
 import warnings
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 
 from qkv import __version__
 from qkv.errors import QkvError, os_problem
 
 
-def _add_train(sub: argparse._SubParsersAction) -> None:
-    train = sub.add_parser(
-        "train",
-        help="train a model into a run directory",
-        epilog="Any data, model or training field can be set as key=value, e.g. d_model=256.",
-    )
-    train.add_argument("task", nargs="?", help="translation or classification")
-    train.set_defaults(accepts_overrides=True)
-    train.add_argument("--resume", metavar="RUN", help="continue the run in RUN exactly")
-    train.add_argument("--out", metavar="RUN", help="run directory to create")
-    train.add_argument("--preset", help="named configuration to start from")
-    train.add_argument("--data", metavar="DIR", help="translation: train/val files live here")
-    train.add_argument("--src", help="translation: source language suffix (default de)")
-    train.add_argument("--tgt", help="translation: target language suffix (default en)")
-    train.add_argument("--train", metavar="FILE", help="classification: labelled training file")
-    train.add_argument("--valid", metavar="FILE", help="classification: labelled validation file")
-    train.add_argument(
-        "--valid-fraction",
-        type=float,
-        help="classification: share of --train held out when --valid is absent (default 0.1)",
-    )
-    train.set_defaults(run=_run_train)
+def _command(
+    sub: argparse._SubParsersAction,
+    name: str,
+    help: str,
+    run_dir: bool = True,
+    epilog: str | None = None,
+) -> argparse.ArgumentParser:
+    """The parser of `qkv NAME`, whose runner imports `qkv.commands.NAME` only when run, so
+    that `qkv --help` stays fast."""
+
+    def run(args: argparse.Namespace) -> int:
+        return int(importlib.import_module(f"qkv.commands.{name}").run(args))
+
+    parser = sub.add_parser(name, help=help, epilog=epilog)
+    parser.set_defaults(run=run, default=parser.get_default)
+    if run_dir:
+        parser.add_argument("run_dir", metavar="RUN")
+    return parser
 
 
-def _add_translate(sub: argparse._SubParsersAction) -> None:
-    translate = sub.add_parser("translate", help="translate text with a trained run")
-    translate.add_argument("run_dir", metavar="RUN")
-    _add_search_options(translate)
-    translate.add_argument("--sample", action="store_true", help="sample instead of searching")
-    translate.add_argument(
-        "--temperature",
-        type=float,
-        default=1.0,
-        help="--sample: divides the logits (default %(default)s)",
+def _add_device(parser: argparse.ArgumentParser, workers: bool = False) -> None:
+    note = "; with --workers above 1, auto is the CPU" if workers else ""
+    parser.add_argument(
+        "--device",
+        default="auto",
+        help=f"auto (a GPU when torch sees one, else the CPU), cpu, cuda or cuda:N{note} "
+        "(default %(default)s)",
     )
-    translate.add_argument(
-        "--top-k",
-        type=int,
-        default=0,
-        metavar="K",
-        help="--sample: draw from the K likeliest tokens (default %(default)s: all)",
-    )
-    translate.add_argument(
-        "--top-p",
-        type=float,
-        default=1.0,
-        metavar="P",
-        help="--sample: draw from the fewest likeliest tokens whose probability reaches P "
-        "(default %(default)s: all)",
-    )
-    translate.add_argument(
-        "--seed", type=int, default=0, help="random seed of --sample (default %(default)s)"
-    )
-    translate.add_argument(
-        "--no-cuda-graphs",
-        action="store_true",
-        help="on a GPU, launch every kernel of decoding and search from Python (default: "
-        "replay each step of the model and the search as one CUDA graph)",
-    )
-    _add_length_options(translate)
-    _add_speed_options(translate)
-    translate.add_argument("--input", metavar="FILE", help="one sentence per line (default stdin)")
-    translate.add_argument("--output", metavar="FILE", help="default stdout")
-    # Their defaults, so that one given where it does not apply can be refused.
-    defaults = {dest: translate.get_default(dest) for dest in SEARCH_OPTIONS + SAMPLING_OPTIONS}
-    translate.set_defaults(run=_run_translate, option_defaults=defaults)
 
 
-SEARCH_OPTIONS = ("beam", "alpha")
-SAMPLING_OPTIONS = ("temperature", "top_k", "top_p")
-
-
-def _add_search_options(parser: argparse.ArgumentParser) -> None:
+def _add_decoding(parser: argparse.ArgumentParser, sampling: bool = False) -> None:
+    """The options of translating: search (and with `sampling`, sampling), length and speed."""
     parser.add_argument(
         "--beam", type=int, default=5, help="beam size, 1 = greedy (default %(default)s)"
     )
@@ -97,9 +55,38 @@ def _add_search_options(parser: argparse.ArgumentParser) -> None:
         default=0.6,
         help="GNMT length penalty exponent (default %(default)s)",
     )
-
-
-def _add_length_options(parser: argparse.ArgumentParser) -> None:
+    if sampling:
+        parser.add_argument("--sample", action="store_true", help="sample instead of searching")
+        parser.add_argument(
+            "--temperature",
+            type=float,
+            default=1.0,
+            help="--sample: divides the logits (default %(default)s)",
+        )
+        parser.add_argument(
+            "--top-k",
+            type=int,
+            default=0,
+            metavar="K",
+            help="--sample: draw from the K likeliest tokens (default %(default)s: all)",
+        )
+        parser.add_argument(
+            "--top-p",
+            type=float,
+            default=1.0,
+            metavar="P",
+            help="--sample: draw from the fewest likeliest tokens whose probability reaches P "
+            "(default %(default)s: all)",
+        )
+        parser.add_argument(
+            "--seed", type=int, default=0, help="random seed of --sample (default %(default)s)"
+        )
+        parser.add_argument(
+            "--no-cuda-graphs",
+            action="store_true",
+            help="on a GPU, launch every kernel of decoding and search from Python (default: "
+            "replay each step of the model and the search as one CUDA graph)",
+        )
     parser.add_argument(
         "--max-len-a",
         type=float,
@@ -115,19 +102,6 @@ def _add_length_options(parser: argparse.ArgumentParser) -> None:
         metavar="B",
         help="see --max-len-a (default %(default)s)",
     )
-
-
-def _add_device(parser: argparse.ArgumentParser, workers: bool = False) -> None:
-    note = "; with --workers above 1, auto is the CPU" if workers else ""
-    parser.add_argument(
-        "--device",
-        default="auto",
-        help=f"auto (a GPU when torch sees one, else the CPU), cpu, cuda or cuda:N{note} "
-        "(default %(default)s)",
-    )
-
-
-def _add_speed_options(parser: argparse.ArgumentParser) -> None:
     _add_device(parser, workers=True)
     parser.add_argument(
         "--workers",
@@ -146,26 +120,50 @@ def _add_speed_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_evaluate(sub: argparse._SubParsersAction) -> None:
-    evaluate = sub.add_parser("evaluate", help="score a run on a test set")
-    evaluate.add_argument("run_dir", metavar="RUN")
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="qkv",
+        description="The Transformer of 'Attention Is All You Need': train, run, look inside.",
+    )
+    parser.add_argument("--version", action="version", version=f"qkv {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    train = _command(
+        sub,
+        "train",
+        "train a model into a run directory",
+        run_dir=False,
+        epilog="Any data, model or training field can be set as key=value, e.g. d_model=256.",
+    )
+    train.add_argument("task", nargs="?", help="translation or classification")
+    train.set_defaults(accepts_overrides=True)
+    train.add_argument("--resume", metavar="RUN", help="continue the run in RUN exactly")
+    train.add_argument("--out", metavar="RUN", help="run directory to create")
+    train.add_argument("--preset", help="named configuration to start from")
+    train.add_argument("--data", metavar="DIR", help="translation: train/val files live here")
+    train.add_argument("--src", help="translation: source language suffix (default de)")
+    train.add_argument("--tgt", help="translation: target language suffix (default en)")
+    train.add_argument("--train", metavar="FILE", help="classification: labelled training file")
+    train.add_argument("--valid", metavar="FILE", help="classification: labelled validation file")
+    train.add_argument(
+        "--valid-fraction",
+        type=float,
+        help="classification: share of --train held out when --valid is absent (default 0.1)",
+    )
+
+    translate = _command(sub, "translate", "translate text with a trained run")
+    _add_decoding(translate, sampling=True)
+    translate.add_argument("--input", metavar="FILE", help="one sentence per line (default stdin)")
+    translate.add_argument("--output", metavar="FILE", help="default stdout")
+
+    evaluate = _command(sub, "evaluate", "score a run on a test set")
     evaluate.add_argument("--src", metavar="FILE", help="translation: source sentences")
     evaluate.add_argument("--ref", metavar="FILE", help="translation: reference translations")
     evaluate.add_argument("--data", metavar="FILE", help="classification: labelled file")
-    _add_search_options(evaluate)
-    _add_length_options(evaluate)
-    _add_speed_options(evaluate)
+    _add_decoding(evaluate)
     evaluate.add_argument("--json", action="store_true", help="print one JSON object")
-    translation_only = ("src", "ref", "beam", "alpha", "max_len_a", "max_len_b", "workers", "bf16")
-    # Their defaults, so that one given for the other task can be refused.
-    defaults = {"translation": {dest: evaluate.get_default(dest) for dest in translation_only}}
-    defaults["classification"] = {"data": evaluate.get_default("data")}
-    evaluate.set_defaults(run=_run_evaluate, task_options=defaults)
 
-
-def _add_classify(sub: argparse._SubParsersAction) -> None:
-    classify = sub.add_parser("classify", help="label texts with a trained classification run")
-    classify.add_argument("run_dir", metavar="RUN")
+    classify = _command(sub, "classify", "label texts with a trained classification run")
     classify.add_argument(
         "--input",
         metavar="FILE",
@@ -173,11 +171,10 @@ def _add_classify(sub: argparse._SubParsersAction) -> None:
     )
     classify.add_argument("--json", action="store_true", help="one JSON object per line")
     _add_device(classify)
-    classify.set_defaults(run=_lazy("classify"))
 
-
-def _add_demo(sub: argparse._SubParsersAction) -> None:
-    demo = sub.add_parser("demo", help="train a small model on dates in a minute, with pictures")
+    demo = _command(
+        sub, "demo", "train a small model on dates in a minute, with pictures", run_dir=False
+    )
     demo.add_argument(
         "--out",
         metavar="DIR",
@@ -191,12 +188,8 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
         help="training time budget in minutes (default %(default)s)",
     )
     demo.add_argument("--seed", type=int, default=1, help="random seed (default %(default)s)")
-    demo.set_defaults(run=_lazy("demo"))
 
-
-def _add_attention(sub: argparse._SubParsersAction) -> None:
-    attention = sub.add_parser("attention", help="draw the attention maps of one input")
-    attention.add_argument("run_dir", metavar="RUN")
+    attention = _command(sub, "attention", "draw the attention maps of one input")
     attention.add_argument(
         "sentence", help="source sentence (translation) or text (classification)"
     )
@@ -210,73 +203,14 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
     )
     attention.add_argument("--layers", help="comma-separated 0-based layers (default all)")
     attention.add_argument("--heads", help="comma-separated 0-based heads (default all)")
-    attention.set_defaults(run=_lazy("attention"))
 
-
-def _add_plot(sub: argparse._SubParsersAction) -> None:
-    plot = sub.add_parser("plot", help="draw a run's training and validation curves")
-    plot.add_argument("run_dir", metavar="RUN")
+    plot = _command(sub, "plot", "draw a run's training and validation curves")
     plot.add_argument(
         "--out",
         metavar="FILE.png",
         help="picture to write (.png, .svg, .pdf, ...; default RUN/curves.png)",
     )
-    plot.set_defaults(run=_lazy("plot"))
-
-
-def _lazy(name: str) -> Callable[[argparse.Namespace], int]:
-    """A runner that imports the command's module only when run, so `qkv --help` stays fast."""
-
-    def run(args: argparse.Namespace) -> int:
-        module = importlib.import_module(f"qkv.commands.{name}")
-        return int(module.run(args))
-
-    return run
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="qkv",
-        description="The Transformer of 'Attention Is All You Need': train, run, look inside.",
-    )
-    parser.add_argument("--version", action="version", version=f"qkv {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in COMMANDS:
-        add(sub)
     return parser
-
-
-def _run_train(args: argparse.Namespace) -> int:
-    from qkv.commands import train
-
-    return train.run(args)
-
-
-def _run_translate(args: argparse.Namespace) -> int:
-    from qkv.commands import translate
-
-    return translate.run(args)
-
-
-def _run_evaluate(args: argparse.Namespace) -> int:
-    from qkv.commands import evaluate
-
-    return evaluate.run(args)
-
-
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
-    _add_train,
-    _add_translate,
-    _add_evaluate,
-    _add_classify,
-    _add_demo,
-    _add_attention,
-    _add_plot,
-]
-
-
-INPUT_COMMANDS = ("translate", "classify")
-"""Commands that read their texts from --input FILE or stdin."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -284,11 +218,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (for the process)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    accepts_overrides = getattr(args, "accepts_overrides", False)
     pairs = [item for item in extra if "=" in item and not item.startswith("-")]
-    if len(pairs) < len(extra) or (pairs and not getattr(args, "accepts_overrides", False)):
-        hint = " (give an input file with --input FILE)" if args.command in INPUT_COMMANDS else ""
-        accepted = pairs if getattr(args, "accepts_overrides", False) else []
-        unknown = [item for item in extra if item not in accepted]
+    if len(pairs) < len(extra) or (pairs and not accepts_overrides):
+        reads_input = args.command in ("translate", "classify")  # from --input FILE or stdin
+        hint = " (give an input file with --input FILE)" if reads_input else ""
+        unknown = [item for item in extra if not (accepts_overrides and item in pairs)]
         parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
     args.overrides = pairs
     if not getattr(args, "run", None):
@@ -315,19 +250,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-def given_options(args: argparse.Namespace, defaults: dict[str, object]) -> list[str]:
-    """The flags ("--top-k") of the options in `defaults` (destination -> default value) that
-    the command line set to something else."""
+def given_options(args: argparse.Namespace, dests: Sequence[str]) -> list[str]:
+    """The flags ("--top-k") of the options `dests` ("top_k") that the command line set to
+    other than their defaults."""
     return [
-        "--" + dest.replace("_", "-")
-        for dest, default in defaults.items()
-        if getattr(args, dest) != default
+        "--" + dest.replace("_", "-") for dest in dests if getattr(args, dest) != args.default(dest)
     ]
 
 
 def device_name(args: argparse.Namespace) -> str:
-    """The device a command runs on: --device, with auto meaning the CPU when --workers is
-    above 1."""
+    """--device, with auto meaning the CPU when --workers is above 1."""
     if args.device == "auto" and getattr(args, "workers", 0) > 1:
         return "cpu"
     return str(args.device)
@@ -335,10 +267,6 @@ def device_name(args: argparse.Namespace) -> str:
 
 def print_json(data: object) -> None:
     print(json.dumps(data, indent=2, ensure_ascii=False))
-
-
-def out_path(value: str | None) -> Path | None:
-    return Path(value) if value else None
 
 
 if __name__ == "__main__":

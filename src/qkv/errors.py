@@ -13,18 +13,11 @@ class QkvError(Exception):
 
 
 class DataError(QkvError):
-    """A data file is missing, unreadable or malformed.
-
-    Args:
-        path: the file at fault.
-        message: what is wrong.
-        line: 1-based line number, when the fault is on one line.
-    """
+    """A data file is missing, unreadable or malformed; `line` (1-based) is where, if on one."""
 
     def __init__(self, path: str | Path, message: str, line: int | None = None) -> None:
         where = f"{path}:{line}" if line is not None else str(path)
         super().__init__(f"{where}: {message}")
-        self.path = Path(path)
         self.line = line
 
 
@@ -37,11 +30,9 @@ class CheckpointError(QkvError):
 
 
 def os_problem(error: OSError) -> str:
-    """One line for an operating-system error: the path at fault and what is wrong.
-
-    A path blocked by a file where a directory should be names that file:
-    "runs/a/b: runs/a is a file, not a directory".
-    """
+    """One line for an operating-system error: the path at fault and what is wrong; a path
+    blocked by a file where a directory should be names that file ("runs/a/b: runs/a is a
+    file, not a directory")."""
     reason = error.strerror or str(error)
     path = error.filename2 if error.filename2 is not None else error.filename
     if path is None:

@@ -39,11 +39,7 @@ def type_name(annotation: Any) -> str:
 
 def typed_section(section: Any, config: type, name: str) -> dict[str, Any]:
     """`section`, read from JSON, checked to be an object whose values fit the fields of the
-    dataclass `config` (unknown keys are left to `config` to refuse).
-
-    Raises:
-        ConfigError: naming `name.key` and the value that does not fit.
-    """
+    dataclass `config` (unknown keys are left to `config` to refuse); ConfigError otherwise."""
     if not isinstance(section, dict):
         raise ConfigError(f"'{name}' must be a JSON object, got {type(section).__name__}")
     hints = typing.get_type_hints(config) if dataclasses.is_dataclass(config) else {}

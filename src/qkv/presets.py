@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from qkv.errors import ConfigError
 from qkv.model.config import ModelConfig
@@ -36,41 +35,20 @@ def transformer_small(vocab_size: int = 8000) -> ModelConfig:
     )
 
 
-def transformer_tiny(vocab_size: int = 64) -> ModelConfig:
-    """For tests and the demo: D 64, 4 heads, F 128, 2+2 layers."""
-    return ModelConfig(
-        vocab_size=vocab_size,
-        d_model=64,
-        n_heads=4,
-        d_ff=128,
-        n_encoder_layers=2,
-        n_decoder_layers=2,
-        max_len=256,
-    )
-
-
-MODEL_PRESETS: dict[str, Callable[..., ModelConfig]] = {
-    "base": transformer_base,
-    "big": transformer_big,
-    "small": transformer_small,
-    "tiny": transformer_tiny,
-}
-
-
-def model_preset(name: str, **overrides: Any) -> ModelConfig:
-    """The model preset `name` with fields replaced by `overrides`."""
-    if name not in MODEL_PRESETS:
-        raise ConfigError(f"unknown preset {name!r}; choose from {', '.join(MODEL_PRESETS)}")
-    return replace(MODEL_PRESETS[name](), **overrides)
-
-
-# Task presets: a model config and a training config; data settings come from the flags.
-
-
-def _translation_presets() -> dict[str, tuple[ModelConfig, TrainConfig]]:
-    return {
+def translation_preset(name: str) -> tuple[ModelConfig, TrainConfig]:
+    """Model and training configs of the translation preset `name` (the data comes from the
+    flags)."""
+    presets = {
         "tiny": (
-            transformer_tiny(),
+            ModelConfig(
+                vocab_size=64,
+                d_model=64,
+                n_heads=4,
+                d_ff=128,
+                n_encoder_layers=2,
+                n_decoder_layers=2,
+                max_len=256,
+            ),
             TrainConfig(lr=3e-3, warmup=100, max_tokens=1024, eval_every=100, max_epochs=30),
         ),
         "multi30k-cpu": (
@@ -103,24 +81,15 @@ def _translation_presets() -> dict[str, tuple[ModelConfig, TrainConfig]]:
         "base": (transformer_base(), TrainConfig(lr=7e-4, warmup=4000, max_tokens=8192)),
         "big": (transformer_big(), TrainConfig(lr=5e-4, warmup=4000, max_tokens=8192)),
     }
-
-
-def translation_preset(name: str) -> tuple[ModelConfig, TrainConfig]:
-    """Model and training configs of the translation preset `name`."""
-    presets = _translation_presets()
     if name not in presets:
         raise ConfigError(f"unknown translation preset {name!r}; choose from {', '.join(presets)}")
     return presets[name]
 
 
 def classification_preset(name: str) -> tuple[ModelConfig, TrainConfig, ClassificationData]:
-    """Model, training and data settings of the classification preset `name`.
-
-    `seed` mirrors the tutorial's Keras classifier: 128-wide embeddings, one single-head
-    self-attention layer, average pooling, dropout 0.5, a dense softmax layer, Adam, 5 epochs
-    and reviews cut to 64 words (some 80 BPE tokens, head and tail kept). `strong` is a full
-    encoder over long head+tail excerpts.
-    """
+    """Model, training and data settings of the classification preset `name`; `seed` mirrors
+    the Keras tutorial's classifier (see docs/cli.md), `strong` is a full encoder over long
+    head+tail excerpts."""
     from qkv.tasks.classification import ClassificationData
 
     presets = {

@@ -110,11 +110,7 @@ class RunConfig:
 def run_lock(run_dir: Path) -> Iterator[None]:
     """Holds `RUN/.lock` while training into `run_dir` (created if missing), so that a second
     process is refused rather than mixing its files in. The kernel releases the lock when the
-    process ends, however it ends.
-
-    Raises:
-        ConfigError: if another process holds the lock.
-    """
+    process ends, however it ends."""
     run_dir.mkdir(parents=True, exist_ok=True)
     if fcntl is None:  # not a POSIX system: no lock
         yield
@@ -138,11 +134,7 @@ def run_lock(run_dir: Path) -> Iterator[None]:
 
 
 def load_run_weights(model: nn.Module, run_dir: Path) -> None:
-    """Loads a run's best weights into `model`.
-
-    Raises:
-        CheckpointError: they do not fit, are damaged, or do not exist yet (saying how to go on).
-    """
+    """Loads a run's best weights into `model`."""
     path = run_dir / WEIGHTS_FILE
     if not path.exists():  # `run_dir` holds a run: the caller loaded its config
         raise CheckpointError(

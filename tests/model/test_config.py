@@ -3,7 +3,7 @@ import pytest
 from qkv.errors import ConfigError
 from qkv.model.config import ModelConfig
 from qkv.model.seq2seq import Seq2SeqTransformer
-from qkv.presets import model_preset, transformer_base
+from qkv.presets import transformer_base, transformer_small
 
 
 def test_indivisible_heads_are_explained() -> None:
@@ -20,12 +20,10 @@ def test_bad_values_are_rejected(field: str, value: object) -> None:
 
 
 def test_round_trip_and_unknown_keys() -> None:
-    config = model_preset("small", vocab_size=123)
+    config = transformer_small(vocab_size=123)
     assert ModelConfig.from_dict(config.to_dict()) == config
     with pytest.raises(ConfigError, match="unknown model config keys: colour"):
         ModelConfig.from_dict({**config.to_dict(), "colour": 1})
-    with pytest.raises(ConfigError, match="unknown preset"):
-        model_preset("huge")
 
 
 def test_base_model_has_the_papers_size() -> None:

@@ -38,7 +38,7 @@ def _task(seed: int = 0) -> TranslationTask:
         "valid.src": [],
         "valid.tgt": [],
     }
-    return TranslationTask(model, None, corpora, [], TrainConfig(), label_smoothing=0.1)  # type: ignore[arg-type]
+    return TranslationTask(model, None, corpora, [], TrainConfig())  # type: ignore[arg-type]
 
 
 BATCHES = [list(range(0, 7)), list(range(7, 25)), list(range(25, 30)), list(range(30, 40))]

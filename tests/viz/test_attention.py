@@ -160,11 +160,6 @@ def test_out_of_range_index_is_an_error(
         select_panels(attention_maps(), QUERY_TOKENS, KEY_TOKENS, layers=layers, heads=heads)
 
 
-def test_missing_tokens_for_a_kind_is_an_error() -> None:
-    with pytest.raises(QkvError, match="decoder self"):
-        select_panels(attention_maps(), QUERY_TOKENS, {"encoder self": SOURCE_TOKENS}, None, None)
-
-
 def test_long_inputs_are_drawn_within_the_largest_figure(tmp_path: Path) -> None:
     tokens = [f"token{i}" for i in range(300)]
     panels = [panel(tokens, tokens, f"head {h}", seed=h) for h in range(4)]

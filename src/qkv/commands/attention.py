@@ -1,9 +1,8 @@
 """`qkv attention`: draw the attention maps a trained run computes for one input.
 
 A translation run translates the source greedily, then runs the source and the BOS-prefixed
-output through the model once more to return every map: encoder self (source x source),
-decoder self (target x target) and cross (target x source). A classification run has only
-encoder self-attention, and the title names the predicted label.
+output through the model once more for every map; a classification run has only encoder
+self-attention, and the title names the predicted label.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import torch
 from torch import Tensor
 
 from qkv.data.readers import is_blank, lone_surrogate
-from qkv.errors import CheckpointError, ConfigError
+from qkv.errors import ConfigError
 
 ENCODER_SELF, DECODER_SELF, CROSS = "encoder self", "decoder self", "cross"
 KINDS = (ENCODER_SELF, DECODER_SELF, CROSS)
@@ -44,31 +43,23 @@ def run(args: argparse.Namespace) -> int:
 
 def parse_kinds(text: str | None) -> list[str] | None:
     """ "encoder self, cross" -> ["encoder self", "cross"], hyphens and underscores read as
-    spaces; None or blank gives None (every kind).
-
-    Raises:
-        ConfigError: if a kind is unknown.
-    """
+    spaces; None or blank gives None (every kind)."""
     if text is None or not text.strip():
         return None
-    kinds = []
-    for item in text.split(","):
-        kind = " ".join(item.replace("-", " ").replace("_", " ").lower().split())
-        if kind not in KINDS:
-            raise ConfigError(
-                f"unknown attention kind {item.strip()!r}; choose from {', '.join(KINDS)}"
-            )
-        if kind not in kinds:
-            kinds.append(kind)
-    return kinds
+    return list(dict.fromkeys(_kind(item) for item in text.split(",")))
+
+
+def _kind(item: str) -> str:
+    kind = " ".join(item.replace("-", " ").replace("_", " ").lower().split())
+    if kind not in KINDS:
+        raise ConfigError(
+            f"unknown attention kind {item.strip()!r}; choose from {', '.join(KINDS)}"
+        )
+    return kind
 
 
 def parse_indices(text: str | None, flag: str) -> list[int] | None:
-    """ "0,2" -> [0, 2]; None or blank gives None (all).
-
-    Raises:
-        ConfigError: if an item is not a whole number of 0 or more.
-    """
+    """ "0,2" -> [0, 2]; None or blank gives None (all)."""
     if text is None or not text.strip():
         return None
     indices = []
@@ -93,26 +84,12 @@ def draw_attention(
     layers: Sequence[int] | None = None,
     heads: Sequence[int] | None = None,
 ) -> Path:
-    """Draws the attention maps of one input to a picture (PNG, SVG, PDF, ...); returns its path.
-
-    Args:
-        run_dir: a translation or classification run.
-        text: the source sentence (translation) or the text (classification).
-        out: the picture, its format from its suffix; missing parent directories are created.
-        kinds: any of "encoder self", "decoder self", "cross"; None draws all the model has
-            (a classifier has only encoder self-attention).
-        layers, heads: 0-based layers (for every kind) and heads to draw; None draws all.
-
-    Raises:
-        ConfigError: if the text is empty, or the model has none of the requested kinds.
-        QkvError: if a layer or head is out of range, or the run cannot be loaded.
-    """
+    """Draws the attention maps of one input (a source sentence or a text to classify) to a
+    picture (PNG, SVG, PDF, ...); returns its path. None for `kinds`, `layers` or `heads`
+    draws all the model has."""
     from qkv.viz.attention import plot_attention, select_panels
 
-    wanted = list(KINDS) if kinds is None else list(kinds)
-    unknown = [kind for kind in wanted if kind not in KINDS]
-    if unknown:
-        raise ConfigError(f"unknown attention kind {unknown[0]!r}; choose from {', '.join(KINDS)}")
+    wanted = list(KINDS) if kinds is None else [_kind(kind) for kind in kinds]
     attention = sentence_attention(run_dir, text)
     chosen = {kind: attention.maps[kind] for kind in wanted if kind in attention.maps}
     if not chosen:
@@ -124,12 +101,7 @@ def draw_attention(
 
 
 def sentence_attention(run_dir: str | Path, text: str) -> SentenceAttention:
-    """Runs one input through a run's model and returns every attention map.
-
-    Raises:
-        ConfigError: if the text is empty, not valid text, or has no tokens.
-        CheckpointError: if the run cannot be loaded or has an unknown task.
-    """
+    """Runs one input through a run's model and returns every attention map."""
     from qkv.run import RunConfig
 
     if is_blank(text):
@@ -137,12 +109,9 @@ def sentence_attention(run_dir: str | Path, text: str) -> SentenceAttention:
     if lone_surrogate(text) is not None:
         raise ConfigError("the sentence to draw attention for is not valid UTF-8 text")
     run_dir = Path(run_dir)
-    task = RunConfig.load(run_dir).task
-    if task == "translation":
+    if RunConfig.load(run_dir).task == "translation":
         return _translation_attention(run_dir, text)
-    if task == "classification":
-        return _classification_attention(run_dir, text)
-    raise CheckpointError(f"{run_dir}: unknown task {task!r}")
+    return _classification_attention(run_dir, text)
 
 
 @torch.no_grad()
@@ -158,9 +127,7 @@ def _translation_attention(run_dir: Path, text: str) -> SentenceAttention:
         raise ConfigError(f"{text!r} has no tokens to attend to")
     output_ids = translate_ids(model, [src_ids], DecodeOptions(beam_size=1), translator.device)[0]
     tgt_in = [BOS_ID, *output_ids]
-    src = torch.tensor([src_ids])  # (1, S)
-    tgt = torch.tensor([tgt_in])  # (1, T)
-    _, maps = model.forward_with_maps(src, tgt)
+    _, maps = model.forward_with_maps(torch.tensor([src_ids]), torch.tensor([tgt_in]))
     src_tokens = tokenizer.tokens_from_ids(src_ids)
     tgt_tokens = tokenizer.tokens_from_ids(tgt_in)
     return SentenceAttention(

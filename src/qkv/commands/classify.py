@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import unicodedata
+from dataclasses import asdict
 from pathlib import Path
 
 from qkv.cli import device_name, print_json
@@ -29,12 +30,8 @@ def run(args: argparse.Namespace) -> int:
             raise DataError("<stdin>", "empty text (nothing but spaces or line breaks)", empty[0])
     for text, (label, prob) in zip(texts, classifier.predict(texts), strict=True):
         if args.json:
-            print(
-                json.dumps(
-                    {"label": label, "probability": round(prob, 6), "text": text},
-                    ensure_ascii=False,
-                )
-            )
+            record = {"label": label, "probability": round(prob, 6), "text": text}
+            print(json.dumps(record, ensure_ascii=False))
         else:
             print(f"{label}\t{prob:.4f}")
     return 0
@@ -53,7 +50,7 @@ def evaluate_classification(args: argparse.Namespace) -> int:
     predicted = classifier.probabilities(texts).argmax(-1).tolist()
     scores = score_classification([index[g] for g in gold], predicted, classifier.labels)
     if args.json:
-        print_json(scores.to_dict())
+        print_json(asdict(scores))
         return 0
     print(
         f"accuracy {scores.accuracy:.4f}  macro-F1 {scores.macro_f1:.4f}  "
@@ -82,10 +79,9 @@ def confusion_lines(labels: list[str], confusion: list[list[int]]) -> list[str]:
 def display_width(text: str) -> int:
     """Columns `text` takes on a terminal: two for wide characters (CJK, emoji), none for
     combining marks and joiners."""
-    return sum(_columns(character) for character in text)
-
-
-def _columns(character: str) -> int:
-    if unicodedata.combining(character) or unicodedata.category(character) in ("Mn", "Me", "Cf"):
-        return 0  # accents, variation selectors, zero-width joiners
-    return 2 if unicodedata.east_asian_width(character) in ("W", "F") else 1
+    width = 0
+    for char in text:
+        if unicodedata.combining(char) or unicodedata.category(char) in ("Mn", "Me", "Cf"):
+            continue  # accents, variation selectors, zero-width joiners
+        width += 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
+    return width

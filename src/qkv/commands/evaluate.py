@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import asdict
 from pathlib import Path
 
 from qkv.cli import device_name, given_options, print_json
 from qkv.errors import ConfigError
 from qkv.run import RunConfig
 
+TASK_OPTIONS = {
+    "translation": ("src", "ref", "beam", "alpha", "max_len_a", "max_len_b", "workers", "bf16"),
+    "classification": ("data",),
+}
+"""The options of `qkv evaluate` that belong to each task."""
+
 
 def run(args: argparse.Namespace) -> int:
     task = RunConfig.load(Path(args.run_dir)).task
-    for other, options in args.task_options.items():
+    for other, options in TASK_OPTIONS.items():
         if other != task and (given := given_options(args, options)):
             raise ConfigError(f"{given[0]} is for {other} runs; {args.run_dir} is a {task} run")
     if task == "translation":
@@ -45,14 +52,8 @@ def _translation(args: argparse.Namespace) -> int:
     )
     scores = score_translations(hypotheses, references)
     if args.json:
-        settings = {
-            "beam": args.beam,
-            "alpha": args.alpha,
-            "bf16": args.bf16,
-            "max_len_a": args.max_len_a,
-            "max_len_b": args.max_len_b,
-        }
-        print_json({**settings, **scores.to_dict()})
+        settings = ("beam", "alpha", "bf16", "max_len_a", "max_len_b")
+        print_json({**{key: getattr(args, key) for key in settings}, **asdict(scores)})
     else:
         print(f"BLEU {scores.bleu:.2f}  ({scores.bleu_signature})")
         print(f"chrF {scores.chrf:.2f}  ({scores.chrf_signature})")

@@ -27,12 +27,7 @@ def input_lines(path: str | None) -> list[str]:
 
 
 def check_output(path: str | None) -> None:
-    """Fail before any work if `path` cannot be written.
-
-    Raises:
-        DataError: `path` is a directory, or its directory is missing or cannot be written;
-            without `path`, stdout is closed.
-    """
+    """Fails before any work if `path` (without one, stdout) cannot be written."""
     if not path:
         if sys.stdout is None:  # started with stdout closed (`>&-`)
             raise DataError("<stdout>", "closed; give a file with --output FILE")

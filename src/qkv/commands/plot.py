@@ -13,11 +13,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def draw_curves(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Plots `run_dir/metrics.jsonl` to `out` (default `run_dir/curves.png`); returns the path.
-
-    Raises:
-        DataError: if the run has no readable metrics log with steps to plot.
-    """
+    """Plots `run_dir/metrics.jsonl` to `out` (default `run_dir/curves.png`); returns the path."""
     from qkv.viz.curves import plot_curves
 
     run_dir = Path(run_dir)

@@ -17,19 +17,25 @@ NOT_FOR = {
     "classification": {"n_decoder_layers", "tgt_vocab_size", "tie_embeddings"},
 }
 """Model settings that do not apply to a task's model."""
-FLAGS = {
-    "translation": ("--data", "--src", "--tgt"),
-    "classification": ("--train", "--valid", "--valid-fraction"),
+FLAG_SETTINGS = {
+    "translation": {"--data": "data_dir", "--src": "src", "--tgt": "tgt"},
+    "classification": {
+        "--train": "train_file",
+        "--valid": "valid_file",
+        "--valid-fraction": "valid_fraction",
+    },
 }
-"""The flags of `qkv train` that belong to each task."""
+"""The flags of `qkv train` that belong to each task, and the data setting each sets."""
+DATA_PATHS = ("data_dir", "train_file", "valid_file")
+"""Data settings that may change on `--resume`: where the same data now lives."""
 
 
 def run(args: argparse.Namespace) -> int:
     if args.task is not None and "=" in args.task:  # a key=value, not a task
         args.overrides, args.task = [args.task, *args.overrides], None
     if args.resume:
-        flags = ("task", "--out", "--preset", *FLAGS["translation"], *FLAGS["classification"])
-        if given := _given(args, flags):
+        flags = ("task", "--out", "--preset", *FLAG_SETTINGS["translation"])
+        if given := _given(args, (*flags, *FLAG_SETTINGS["classification"])):
             raise ConfigError(
                 f"--resume continues a run with its own settings, so {given[0]} does not apply "
                 "(data that moved: data_dir=, train_file= or valid_file=)"
@@ -40,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     if args.task is None or args.out is None:
         raise ConfigError("train needs a task (translation or classification) and --out RUN")
     other = "classification" if args.task == "translation" else "translation"
-    if given := _given(args, FLAGS[other]):
+    if given := _given(args, tuple(FLAG_SETTINGS[other])):
         raise ConfigError(f"{given[0]} is for {other}, not {args.task}")
     out = Path(args.out)
     values = overrides.parse_pairs(args.overrides)
@@ -77,29 +83,20 @@ def run(args: argparse.Namespace) -> int:
                     "give a new or empty directory"
                 )
             began = True
-            if args.task == "translation":
-                return _translation(args, out, values)
-            from qkv.commands.train_classification import train as train_classification
-
-            return train_classification(args, out, values)
+            return report_done(args.task, out, _train(args, out, values))
     except BaseException:
         if not (out / CONFIG_FILE).exists():  # no run was saved: remove what this one made
             if created:
                 shutil.rmtree(out, ignore_errors=True)
             elif began:  # it was empty: everything in it is this run's
-                _empty(out)
+                for path in out.iterdir():
+                    if path.is_dir() and not path.is_symlink():
+                        shutil.rmtree(path, ignore_errors=True)
+                    else:
+                        path.unlink(missing_ok=True)
             elif not had_lock:
                 (out / LOCK_FILE).unlink(missing_ok=True)
         raise
-
-
-def _empty(directory: Path) -> None:
-    """Removes everything inside `directory`, leaving it empty."""
-    for path in directory.iterdir():
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
 
 
 def _given(args: argparse.Namespace, flags: tuple[str, ...]) -> list[str]:
@@ -109,63 +106,67 @@ def _given(args: argparse.Namespace, flags: tuple[str, ...]) -> list[str]:
     return [flag for flag, name in names.items() if getattr(args, name, None) is not None]
 
 
-FLAG_SETTINGS = {
-    "translation": {"--data": "data_dir", "--src": "src", "--tgt": "tgt"},
-    "classification": {
-        "--train": "train_file",
-        "--valid": "valid_file",
-        "--valid-fraction": "valid_fraction",
-    },
-}
-"""The data setting each flag of `qkv train` sets."""
+def _train(args: argparse.Namespace, out: Path, values: dict[str, str]) -> Progress:
+    """Trains a new run from the preset, the flags and the overrides."""
+    from qkv import presets
 
-DATA_PATHS = ("data_dir", "train_file", "valid_file")
-"""Data settings that may change on `--resume`: where the same data now lives."""
+    if args.task == "translation":
+        from qkv.tasks.translation import TranslationData, train_translation
+
+        if not args.data:
+            raise ConfigError("train translation needs --data DIR")
+        model, train = presets.translation_preset(args.preset or "small")
+        sides = {"src": args.src, "tgt": args.tgt}
+        data = TranslationData(args.data, **{k: v for k, v in sides.items() if v is not None})
+        return train_translation(*overrides.apply_all(data, model, train, values), out)
+    from qkv.tasks.classification import train_classification
+
+    if not args.train:
+        raise ConfigError("train classification needs --train FILE")
+    model, train, labelled = presets.classification_preset(args.preset or "strong")
+    labelled.train_file, labelled.valid_file = args.train, args.valid or ""
+    if args.valid_fraction is not None:
+        labelled.valid_fraction = args.valid_fraction
+    return train_classification(*overrides.apply_all(labelled, model, train, values), out)
 
 
 def _resume(run_dir: Path, values: dict[str, str]) -> int:
     """Continues a run; training settings (threads, max_minutes, ...) may change, and so may
     the places of its data files, if they moved."""
-
     run = RunConfig.load(run_dir)
     with run_lock(run_dir):
-        return _resume_locked(run_dir, run, values)
+        for key in [key for key in values if key in DATA_PATHS and key in run.data]:
+            if not run.data[key]:
+                raise ConfigError(
+                    f"{run_dir} was trained without a {key} (it held out part of its training "
+                    f"file), so --resume cannot add one; to train on other data, start a new run"
+                )
+            run.data[key] = os.path.abspath(values.pop(key))
+        for key in DATA_PATHS:
+            place = run.data.get(key)
+            if place and not Path(place).exists():
+                raise ConfigError(
+                    f"{run_dir}: its {key} {place} is gone; if the data moved, give its new "
+                    f"place: qkv train --resume {run_dir} {key}=NEW"
+                )
+        if values:
+            run.train, rest = overrides.apply(run.train, values)
+            if unknown := sorted(set(rest) - set(run.data) - set(run.model.to_dict())):
+                raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")
+            if rest:
+                raise ConfigError(
+                    "only training settings and the data's places can change when resuming, "
+                    f"not: {', '.join(sorted(rest))}"
+                )
+        # The changes are saved once the data checks out: the same text, wherever it now is.
+        if run.task == "translation":
+            from qkv.tasks.translation import train_translation
 
+            progress = train_translation(None, None, None, run_dir, resume=run)
+        else:
+            from qkv.tasks.classification import train_classification
 
-def _resume_locked(run_dir: Path, run: RunConfig, values: dict[str, str]) -> int:
-    for key in [key for key in values if key in DATA_PATHS and key in run.data]:
-        if not run.data[key]:
-            raise ConfigError(
-                f"{run_dir} was trained without a {key} (it held out part of its training "
-                f"file), so --resume cannot add one; to train on other data, start a new run"
-            )
-        run.data[key] = os.path.abspath(values.pop(key))
-    for key in DATA_PATHS:
-        place = run.data.get(key)
-        if place and not Path(place).exists():
-            raise ConfigError(
-                f"{run_dir}: its {key} {place} is gone; if the data moved, give its new place: "
-                f"qkv train --resume {run_dir} {key}=NEW"
-            )
-    if values:
-        run.train, rest = overrides.apply(run.train, values)
-        unknown = sorted(set(rest) - set(run.data) - set(run.model.to_dict()))
-        if unknown:
-            raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")
-        if rest:
-            raise ConfigError(
-                "only training settings and the data's places can change when resuming, "
-                f"not: {', '.join(sorted(rest))}"
-            )
-    # The changes are saved once the data checks out: the same text, wherever it now is.
-    if run.task == "translation":
-        from qkv.tasks.translation import train_translation
-
-        progress = train_translation(None, None, None, run_dir, resume=run)
-    else:
-        from qkv.tasks.classification import train_classification
-
-        progress = train_classification(None, None, None, run_dir, resume=run)
+            progress = train_classification(None, None, None, run_dir, resume=run)
     return report_done(run.task, run_dir, progress)
 
 
@@ -180,16 +181,3 @@ def report_done(task: str, run_dir: Path, progress: Progress) -> int:
     print(f"done: {run_dir} (best {best} at step {progress.best_step})")
     print(use)
     return 0
-
-
-def _translation(args: argparse.Namespace, out: Path, values: dict[str, str]) -> int:
-    from qkv.presets import translation_preset
-    from qkv.tasks.translation import TranslationData, train_translation
-
-    if not args.data:
-        raise ConfigError("train translation needs --data DIR")
-    model, train = translation_preset(args.preset or "small")
-    sides = {"src": args.src, "tgt": args.tgt}
-    data = TranslationData(data_dir=args.data, **{k: v for k, v in sides.items() if v is not None})
-    data, model, train = overrides.apply_all(data, model, train, values)
-    return report_done("translation", out, train_translation(data, model, train, out))

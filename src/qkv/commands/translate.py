@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from qkv.cli import SAMPLING_OPTIONS, SEARCH_OPTIONS, device_name, given_options
+from qkv.cli import device_name, given_options
 from qkv.commands.io import check_output, input_lines, write_lines
 from qkv.errors import ConfigError
+
+SEARCH_OPTIONS = ("beam", "alpha")
+SAMPLING_OPTIONS = ("temperature", "top_k", "top_p")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -14,7 +17,7 @@ def run(args: argparse.Namespace) -> int:
     from qkv.training.speed import tune_allocator
 
     unused = SEARCH_OPTIONS if args.sample else SAMPLING_OPTIONS
-    if given := given_options(args, {dest: args.option_defaults[dest] for dest in unused}):
+    if given := given_options(args, unused):
         raise ConfigError(
             f"{given[0]} is for beam search, which --sample replaces"
             if args.sample

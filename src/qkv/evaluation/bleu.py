@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 from sacrebleu.metrics import BLEU, CHRF
 
@@ -19,17 +18,9 @@ class TranslationScores:
     bleu_lowercase: float  # secondary: lowercased, as tutorials often report
     sentences: int
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def score_translations(hypotheses: list[str], references: list[str]) -> TranslationScores:
-    """Scores `hypotheses` against `references`, equal-length lists of detokenized text.
-
-    Raises:
-        TypeError: if either is one string rather than a list of sentences.
-        ValueError: if their lengths differ or they are empty.
-    """
+    """Scores `hypotheses` against `references`, equal-length lists of detokenized text."""
     if isinstance(hypotheses, str) or isinstance(references, str):
         raise TypeError("hypotheses and references must be lists of sentences, not one string")
     if len(hypotheses) != len(references):

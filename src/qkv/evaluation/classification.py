@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 
 @dataclass
@@ -14,26 +13,18 @@ class ClassificationScores:
     labels: list[str]
     examples: int
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def score_classification(
     gold: list[int], predicted: list[int], labels: list[str]
 ) -> ClassificationScores:
-    """Scores of predicted label indices against gold indices.
-
-    Macro-F1 averages the F1 of the labels among the gold labels or the predictions, as
-    scikit-learn's `f1_score(average="macro")` does: a label absent from both says nothing.
-
-    Raises:
-        ValueError: the lists differ in length or hold other than indices of `labels`.
-    """
+    """Scores of predicted label indices against gold indices. Macro-F1 averages the F1 of the
+    labels among the gold labels or the predictions, as scikit-learn's
+    `f1_score(average="macro")` does: a label absent from both says nothing."""
     if len(gold) != len(predicted):
         raise ValueError(f"{len(gold)} gold labels but {len(predicted)} predictions")
     n = len(labels)
     for name, indices in (("gold", gold), ("predicted", predicted)):
-        bad = next((i for i in indices if not _is_index(i) or not 0 <= i < n), None)
+        bad = next((i for i in indices if type(i) is not int or not 0 <= i < n), None)
         if bad is not None:
             raise ValueError(f"{name} labels must be indices in [0, {n}) of `labels`, got {bad!r}")
     confusion = [[0] * n for _ in range(n)]
@@ -54,7 +45,3 @@ def score_classification(
         labels=labels,
         examples=len(gold),
     )
-
-
-def _is_index(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)

@@ -6,9 +6,8 @@ import os
 import random
 import re
 from collections.abc import Collection, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -137,33 +136,31 @@ class ClassificationTask:
     def n_targets(self, batch: list[int]) -> int:
         return len(batch)
 
-    def loss(self, batch: list[int], device: torch.device) -> tuple[torch.Tensor, dict[str, float]]:
-        texts = collate_texts(
-            [self.ids[i] for i in batch], [self.labels[i] for i in batch], cls=self.data.cls
-        ).to(device)
+    def _scores(
+        self, ids: list[list[int]], labels: list[int], smoothing: float, device: torch.device
+    ) -> tuple[torch.Tensor, int]:
+        """The summed cross-entropy of a batch and how many it classifies right."""
+        texts = collate_texts(ids, labels, cls=self.data.cls).to(device)
         logits = self.model(texts.ids)  # (B, C)
         loss = F.cross_entropy(
-            logits.float(),
-            texts.labels,
-            reduction="sum",
-            label_smoothing=self.train_config.label_smoothing,
+            logits.float(), texts.labels, reduction="sum", label_smoothing=smoothing
         )
-        correct = float((logits.argmax(-1) == texts.labels).sum())
-        return loss, {"accuracy": correct}
+        return loss, int((logits.argmax(-1) == texts.labels).sum())
+
+    def loss(self, batch: list[int], device: torch.device) -> tuple[torch.Tensor, dict[str, float]]:
+        ids, labels = [self.ids[i] for i in batch], [self.labels[i] for i in batch]
+        loss, correct = self._scores(ids, labels, self.train_config.label_smoothing, device)
+        return loss, {"accuracy": float(correct)}
 
     def evaluate(self, device: torch.device) -> dict[str, float]:
         total, correct = 0.0, 0
         lengths = [len(x) for x in self.valid_ids]
         budget = self.train_config.max_tokens * 2
         for batch in token_budget_batches(lengths, budget, shuffle=False, seed=0, epoch=0):
-            texts = collate_texts(
-                [self.valid_ids[i] for i in batch],
-                [self.valid_labels[i] for i in batch],
-                cls=self.data.cls,
-            ).to(device)
-            logits = self.model(texts.ids)
-            total += float(F.cross_entropy(logits.float(), texts.labels, reduction="sum"))
-            correct += int((logits.argmax(-1) == texts.labels).sum())
+            ids, labels = [self.valid_ids[i] for i in batch], [self.valid_labels[i] for i in batch]
+            loss, right = self._scores(ids, labels, 0.0, device)
+            total += float(loss)
+            correct += right
         n = max(len(self.valid_ids), 1)
         return {"loss": total / n, "accuracy": correct / n}
 
@@ -192,12 +189,7 @@ def shown(labels: Sequence[str], limit: int = 5) -> str:
 
 
 def run_data(run: RunConfig, run_dir: Path) -> ClassificationData:
-    """A classification run's data settings, checked against its model.
-
-    Raises:
-        CheckpointError: if config.json's data section does not fit, or its labels are not
-            as many distinct names as the model has classes.
-    """
+    """A classification run's data settings, checked against its model (CheckpointError)."""
     data = data_settings(ClassificationData, run.data, run_dir)
     labels, classes = data.labels, run.model.n_classes
     if len(labels) != classes or len(set(labels)) < len(labels):
@@ -274,18 +266,13 @@ def train_classification(
     model_config: ModelConfig | None,
     train_config: TrainConfig | None,
     run_dir: Path,
-    resume: bool | RunConfig = False,
+    resume: RunConfig | None = None,
 ) -> Progress:
-    """Trains a text classifier into `run_dir`, or continues one (`resume`: True, or the
-    run's configuration with changes, saved once the data checks out)."""
+    """Trains a text classifier into `run_dir`, or continues the run `resume` (its
+    configuration, with changes saved once the data checks out)."""
     tokenizer: Tokenizer | None = None
     if resume:
-        run = resume if isinstance(resume, RunConfig) else RunConfig.load(run_dir)
-        data, model_config, train_config = (
-            run_data(run, run_dir),
-            run.model,
-            run.train,
-        )
+        data, model_config, train_config = run_data(resume, run_dir), resume.model, resume.train
         tokenizer = load_tokenizer(run_dir)
     else:
         assert data is not None and model_config is not None and train_config is not None
@@ -299,23 +286,19 @@ def train_classification(
     set_up_process(train_config)
     tokenizer, corpora, data = prepare(data, run_dir, tokenizer, train_config.seed)
     if not resume:
-        fields: dict[str, Any] = {
-            **model_config.to_dict(),
-            "vocab_size": tokenizer.vocab_size,
-            "n_classes": len(data.labels),
-            "n_decoder_layers": 0,
-            "max_len": max(model_config.max_len, data.max_len),
-        }
-        model_config = ModelConfig(**fields)
+        model_config = replace(
+            model_config,
+            vocab_size=tokenizer.vocab_size,
+            n_classes=len(data.labels),
+            n_decoder_layers=0,
+            max_len=max(model_config.max_len, data.max_len),
+        )
     random.seed(train_config.seed)
     torch.manual_seed(train_config.seed)
     model = build_model(TextClassifier, model_config)  # before the run is saved
     if train_config.fast:
         fast.apply(model)
-    if not resume:
-        RunConfig("classification", model_config, train_config, asdict(data)).save(run_dir)
-    elif isinstance(resume, RunConfig):
-        resume.save(run_dir)
+    (resume or RunConfig("classification", model_config, train_config, asdict(data))).save(run_dir)
     task = ClassificationTask(model, corpora, data, train_config)
     trainer = Trainer(task, train_config, run_dir, device)
     if resume:

@@ -52,14 +52,6 @@ def _month(day: datetime.date) -> str:
     return MONTHS[day.month - 1]
 
 
-def _short_month(day: datetime.date) -> str:
-    return MONTHS[day.month - 1][:3]
-
-
-def _weekday(day: datetime.date) -> str:
-    return WEEKDAYS[day.weekday()]
-
-
 # Renderers of one date style each, keyed by how they write Wednesday 3 March 2021.
 DATE_FORMATS: dict[str, Callable[[datetime.date], str]] = {
     "3 March 2021": lambda d: f"{d.day} {_month(d)} {d.year}",
@@ -67,34 +59,24 @@ DATE_FORMATS: dict[str, Callable[[datetime.date], str]] = {
     "03/03/2021 (US month first)": lambda d: f"{d.month:02d}/{d.day:02d}/{d.year}",
     "3/3/2021 (US month first)": lambda d: f"{d.month}/{d.day}/{d.year}",
     "03.03.2021 (day first)": lambda d: f"{d.day:02d}.{d.month:02d}.{d.year}",
-    "Wednesday, March 3, 2021": lambda d: f"{_weekday(d)}, {_month(d)} {d.day}, {d.year}",
-    "Wed 3 Mar 2021": lambda d: f"{_weekday(d)[:3]} {d.day} {_short_month(d)} {d.year}",
-    "Mar 3 2021": lambda d: f"{_short_month(d)} {d.day} {d.year}",
-    "Mar. 3, 2021": lambda d: f"{_short_month(d)}. {d.day}, {d.year}",
+    "Wednesday, March 3, 2021": lambda d: f"{WEEKDAYS[d.weekday()]}, {_month(d)} {d.day}, {d.year}",
+    "Wed 3 Mar 2021": lambda d: f"{WEEKDAYS[d.weekday()][:3]} {d.day} {_month(d)[:3]} {d.year}",
+    "Mar 3 2021": lambda d: f"{_month(d)[:3]} {d.day} {d.year}",
+    "Mar. 3, 2021": lambda d: f"{_month(d)[:3]}. {d.day}, {d.year}",
     "2021/03/03": lambda d: f"{d.year}/{d.month:02d}/{d.day:02d}",
     "3rd of March 2021": lambda d: f"{ordinal(d.day)} of {_month(d)} {d.year}",
     "the 3rd of March, 2021": lambda d: f"the {ordinal(d.day)} of {_month(d)}, {d.year}",
     "MARCH 3 2021": lambda d: f"{_month(d).upper()} {d.day} {d.year}",
     "march 3rd, 2021": lambda d: f"{_month(d).lower()} {ordinal(d.day)}, {d.year}",
-    "3-Mar-2021": lambda d: f"{d.day}-{_short_month(d)}-{d.year}",
-    "03 MAR 2021": lambda d: f"{d.day:02d} {_short_month(d).upper()} {d.year}",
+    "3-Mar-2021": lambda d: f"{d.day}-{_month(d)[:3]}-{d.year}",
+    "03 MAR 2021": lambda d: f"{d.day:02d} {_month(d)[:3].upper()} {d.year}",
 }
 
 
 def generate_date_pairs(n: int, seed: int) -> list[tuple[str, str]]:
     """Draws `n` (human-written date, ISO date) pairs, such as
-    `("Wednesday, March 3, 2021", "2021-03-03")`.
-
-    Dates are uniform over 1900-01-01..2099-12-31, each in a style drawn uniformly from
-    `DATE_FORMATS`. The same `seed` always gives the same pairs.
-
-    Args:
-        n: number of pairs, zero or more.
-        seed: seed of a private generator; the global `random` state is untouched.
-
-    Raises:
-        ConfigError: if `n` is negative.
-    """
+    `("Wednesday, March 3, 2021", "2021-03-03")`: dates uniform over FIRST_DATE..LAST_DATE, each
+    in a style drawn uniformly from `DATE_FORMATS`, from a private generator seeded by `seed`."""
     if n < 0:
         raise ConfigError(f"the number of date pairs must be zero or more, got {n}")
     rng = random.Random(seed)
@@ -103,6 +85,5 @@ def generate_date_pairs(n: int, seed: int) -> list[tuple[str, str]]:
     pairs = []
     for _ in range(n):
         day = datetime.date.fromordinal(rng.randint(first, last))
-        render = rng.choice(renderers)
-        pairs.append((render(day), day.isoformat()))
+        pairs.append((rng.choice(renderers)(day), day.isoformat()))
     return pairs

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from qkv.errors import ConfigError
@@ -47,12 +47,11 @@ class DemoResult:
 
     accuracy: float  # exact-match accuracy of greedy translations of the held-out pairs
     examples: list[DemoExample]  # the first held-out pairs, with the model's output
-    paths: dict[str, Path] = field(default_factory=dict)  # "data", "run", "attention", "curves"
+    paths: dict[str, Path]  # "data", "run", "attention", "curves"
 
 
 def demo_model() -> ModelConfig:
-    """A small encoder-decoder, sized for a minute of CPU time: D 64, 4 heads, F 128, 2+2
-    layers (vocab_size is set from the tokenizer)."""
+    """A small encoder-decoder, sized for a minute of CPU time."""
     return ModelConfig(
         vocab_size=DEMO_VOCAB,
         d_model=64,
@@ -93,10 +92,8 @@ def make_demo_data(
     directory: Path, seed: int, n_train: int, n_valid: int, n_test: int
 ) -> list[tuple[str, str]]:
     """Generates train, val and test date pairs into `directory`; returns the test pairs.
-
-    The splits use different seeds, and validation and test sources that occur in the
-    training set are dropped, so that the test accuracy is on unseen inputs.
-    """
+    Validation and test sources that occur in the training set are dropped, so that the test
+    accuracy is on unseen inputs."""
     directory.mkdir(parents=True, exist_ok=True)
     train = generate_date_pairs(n_train, seed=3 * seed)
     seen = {source for source, _ in train}
@@ -123,24 +120,10 @@ def run_demo(
     eval_every: int = 100,
     echo: Callable[[str], None] = print,
 ) -> DemoResult:
-    """Generates date data, trains a small model on it, scores it and draws pictures; returns
-    the accuracy, examples and paths written.
-
-    Args:
-        out_dir: directory to write into (see the module docstring), created if missing; a
-            run an earlier demo left there is replaced.
-        minutes: training time budget, validation not counted.
-        seed: seeds the data, the initialisation and the batch order.
-        n_train, n_valid, n_test: pairs to generate for training, for the BLEU of every
-            validation, and for the final exact-match accuracy.
-        n_examples: held-out pairs to return with the model's output.
-        eval_every: validate every N optimiser steps.
-        echo: where progress lines go.
-
-    Raises:
-        ConfigError: if a size or the budget is not positive (`n_examples` may be 0),
-            `out_dir` is a file, or `out_dir/run` exists and is not a qkv run.
-    """
+    """Generates date data into `out_dir` (see the module docstring), trains a small model on
+    it for `minutes`, scores it on the `n_test` held-out pairs and draws pictures; returns the
+    accuracy, the first `n_examples` held-out pairs and the paths written. A run an earlier
+    demo left in `out_dir` is replaced."""
     from qkv.tasks.translation import train_translation
     from qkv.viz.curves import plot_curves
 
@@ -148,14 +131,16 @@ def run_demo(
         raise ConfigError(f"the demo needs a positive, finite time budget, got {minutes!r} minutes")
     if min(n_train, n_valid, n_test) < 1:
         raise ConfigError("the demo needs at least one train, valid and test pair")
-    if n_examples < 0:
-        raise ConfigError(f"n_examples must be 0 or more, got {n_examples}")
     training = demo_training(minutes, seed, eval_every)  # checks the seed before any work
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"{out_dir} is a file; the demo writes into a directory")
     data_dir, run_dir = out_dir / DATA_DIR, out_dir / RUN_DIR
-    _clear_previous_run(run_dir)
+    if run_dir.exists():  # an earlier demo's: no stale cache or log may be reused
+        empty = run_dir.is_dir() and not any(run_dir.iterdir())
+        if not empty and not (run_dir / "config.json").is_file():
+            raise ConfigError(f"{run_dir} exists and is not a qkv run; choose another --out")
+        shutil.rmtree(run_dir)
 
     echo(f"generating {n_train} training dates into {data_dir}")
     test = make_demo_data(data_dir, seed, n_train, n_valid, n_test)
@@ -196,12 +181,3 @@ def draw_demo_attention(run_dir: Path, source: str, out: Path) -> Path:
         per_layer = attention.maps[kind]
         panels += select_panels({kind: per_layer}, *tokens, layers=[len(per_layer) - 1])
     return plot_attention(panels, out, title=attention.title)
-
-
-def _clear_previous_run(run_dir: Path) -> None:
-    """Removes a run an earlier demo left, so that no stale cache or log is reused."""
-    if not run_dir.exists():
-        return
-    if not run_dir.is_dir() or (any(run_dir.iterdir()) and not (run_dir / "config.json").is_file()):
-        raise ConfigError(f"{run_dir} exists and is not a qkv run; choose another --out")
-    shutil.rmtree(run_dir)

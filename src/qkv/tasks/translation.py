@@ -4,20 +4,13 @@ from __future__ import annotations
 
 import os
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from qkv import fast
-from qkv.data.batching import (
-    PairBatch,
-    bucket_inputs,
-    collate_pairs,
-    pair_lengths,
-    token_budget_batches,
-)
+from qkv.data.batching import bucket_inputs, collate_pairs, pair_lengths, token_budget_batches
 from qkv.data.cache import check_same_data, load_id_lists, save_id_lists, text_digest
 from qkv.data.readers import find_split, read_parallel
 from qkv.data.special import PAD_ID
@@ -69,7 +62,6 @@ class TranslationTask:
         corpora: dict[str, list[list[int]]],
         valid_refs: list[str],
         train: TrainConfig,
-        label_smoothing: float,
     ) -> None:
         self.model, self.tokenizer, self.train_config = model, tokenizer, train
         self.src, self.tgt = corpora["train.src"], corpora["train.tgt"]
@@ -77,7 +69,7 @@ class TranslationTask:
             corpora["valid.src"], corpora["valid.tgt"], model.config.max_len
         )
         self.valid_refs = valid_refs
-        self.label_smoothing = label_smoothing
+        self.label_smoothing = train.label_smoothing
         self.lengths = pair_lengths(self.src, self.tgt)
 
     def batches(self, epoch: int) -> list[list[int]]:
@@ -89,11 +81,8 @@ class TranslationTask:
     def n_targets(self, batch: list[int]) -> int:
         return sum(len(self.tgt[i]) + 1 for i in batch)
 
-    def collate(self, batch: list[int], device: torch.device) -> PairBatch:
-        return collate_pairs([self.src[i] for i in batch], [self.tgt[i] for i in batch]).to(device)
-
     def loss(self, batch: list[int], device: torch.device) -> tuple[torch.Tensor, dict[str, float]]:
-        pairs = self.collate(batch, device)
+        pairs = collate_pairs([self.src[i] for i in batch], [self.tgt[i] for i in batch]).to(device)
         states = self.model.hidden(pairs.src, pairs.tgt_in)  # (B, T, D)
         logits, labels = nonpad_logits(self.model.output, states, pairs.labels, PAD_ID)
         loss = smoothed_cross_entropy(logits, labels, self.label_smoothing, PAD_ID)
@@ -149,9 +138,8 @@ def _fit_validation(
 def prepare(
     data: TranslationData, run_dir: Path, tokenizer: Tokenizer | None, model_max_len: int
 ) -> tuple[Tokenizer, dict[str, list[list[int]]], list[str]]:
-    """Reads the text, trains the tokenizer (unless given), tokenizes once and caches.
-
-    Training pairs longer than `data.max_len` or `model_max_len` are skipped. A resumed run
+    """Reads the text, trains the tokenizer (unless given), tokenizes once and caches; training
+    pairs longer than `data.max_len` or `model_max_len` are skipped. A resumed run
     (`tokenizer` given) must find the text its cache holds."""
     directory = Path(data.data_dir)
     paths = {
@@ -165,7 +153,7 @@ def prepare(
     digests = {name: text_digest(lines) for name, lines in read}
     new_run = tokenizer is None  # a cache found in run_dir was not made with its tokenizer
     cache_path = run_dir / "cache" / "tokens.safetensors"
-    if not new_run:  # a resumed run must read the text its cache holds
+    if not new_run:
         check_same_data(cache_path, {name: (paths[name], digests[name]) for name in digests})
     if data.valid_sentences:
         valid_src, valid_tgt = valid_src[: data.valid_sentences], valid_tgt[: data.valid_sentences]
@@ -211,14 +199,13 @@ def train_translation(
     model_config: ModelConfig | None,
     train_config: TrainConfig | None,
     run_dir: Path,
-    resume: bool | RunConfig = False,
+    resume: RunConfig | None = None,
 ) -> Progress:
-    """Trains a translation model into `run_dir`, or continues one (`resume`: True, or the
-    run's configuration with changes, saved once the data checks out)."""
+    """Trains a translation model into `run_dir`, or continues the run `resume` (its
+    configuration, with changes saved once the data checks out)."""
     if resume:
-        run = resume if isinstance(resume, RunConfig) else RunConfig.load(run_dir)
-        data = data_settings(TranslationData, run.data, run_dir)
-        model_config, train_config = run.model, run.train
+        data = data_settings(TranslationData, resume.data, run_dir)
+        model_config, train_config = resume.model, resume.train
         tokenizer: Tokenizer | None = load_tokenizer(run_dir)
     else:
         assert data is not None and model_config is not None and train_config is not None
@@ -226,8 +213,7 @@ def train_translation(
         # Absolute, so that `--resume` finds it from any working directory.
         data.data_dir = os.path.abspath(data.data_dir) if data.data_dir else ""
         # Positions for the longest pair kept (`max_len` is the data's limit).
-        fields = {**model_config.to_dict(), "max_len": max(model_config.max_len, data.max_len)}
-        model_config = ModelConfig(**fields)
+        model_config = replace(model_config, max_len=max(model_config.max_len, data.max_len))
         if model_config.n_decoder_layers < 1:  # refused before any work
             raise ConfigError("translation needs a decoder: n_decoder_layers must be 1 or more")
     device = pick_device(train_config.device)  # before any work: a missing GPU fails first
@@ -235,27 +221,17 @@ def train_translation(
     set_up_process(train_config)
     tokenizer, corpora, valid_refs = prepare(data, run_dir, tokenizer, model_config.max_len)
     if not resume:
-        model_config = _with_vocab(model_config, tokenizer.vocab_size)
+        model_config = replace(model_config, vocab_size=tokenizer.vocab_size, tgt_vocab_size=None)
     random.seed(train_config.seed)
     torch.manual_seed(train_config.seed)
     model = build_model(Seq2SeqTransformer, model_config)  # before the run is saved
     if train_config.fast:
         fast.apply(model)
-    if not resume:
-        RunConfig("translation", model_config, train_config, asdict(data)).save(run_dir)
-    elif isinstance(resume, RunConfig):
-        resume.save(run_dir)
-    task = TranslationTask(
-        model, tokenizer, corpora, valid_refs, train_config, train_config.label_smoothing
-    )
+    (resume or RunConfig("translation", model_config, train_config, asdict(data))).save(run_dir)
+    task = TranslationTask(model, tokenizer, corpora, valid_refs, train_config)
     trainer = Trainer(task, train_config, run_dir, device)
     if resume:
         trainer.resume()
     progress = trainer.train()
     write_curves(run_dir)
     return progress
-
-
-def _with_vocab(config: ModelConfig, vocab_size: int) -> ModelConfig:
-    fields: dict[str, Any] = {**config.to_dict(), "vocab_size": vocab_size, "tgt_vocab_size": None}
-    return ModelConfig(**fields)

@@ -14,7 +14,6 @@ import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 import matplotlib
@@ -57,19 +56,12 @@ MAX_FIGURE_INCHES = 48.0
 
 @dataclass
 class AttentionPanel:
-    """One heatmap: how much each query position attends to each key position.
+    """One heatmap: how much each query position attends to each key position."""
 
-    Args:
-        weights: (Tq, Tk), a tensor on any device or a numpy array; rows sum to about 1, or
-            are all zero for fully masked queries.
-        query_tokens, key_tokens: the Tq row labels and the Tk column labels.
-        title: the caption, e.g. "encoder self · layer 2 · head 3".
-    """
-
-    weights: torch.Tensor | np.ndarray
-    query_tokens: list[str]
-    key_tokens: list[str]
-    title: str
+    weights: torch.Tensor | np.ndarray  # (Tq, Tk) on any device; fully masked rows are 0
+    query_tokens: list[str]  # the Tq row labels
+    key_tokens: list[str]  # the Tk column labels
+    title: str  # e.g. "encoder self · layer 2 · head 3"
 
     def __post_init__(self) -> None:
         shape = tuple(self.weights.shape)
@@ -82,9 +74,7 @@ class AttentionPanel:
 
     def as_array(self) -> np.ndarray:
         """The weights as a float32 numpy array, (Tq, Tk)."""
-        if isinstance(self.weights, torch.Tensor):
-            return self.weights.detach().to("cpu", torch.float32).numpy()
-        return np.asarray(self.weights, dtype=np.float32)
+        return torch.as_tensor(self.weights).detach().to("cpu", torch.float32).numpy()
 
 
 def select_panels(
@@ -95,40 +85,17 @@ def select_panels(
     heads: Sequence[int] | None = None,
 ) -> list[AttentionPanel]:
     """Picks the (layer, head) maps of one sentence to draw, as panels ordered by kind, layer
-    and head and titled with 0-based indices, e.g. "cross · layer 0 · head 3".
-
-    Args:
-        maps: per kind ("encoder self", "decoder self", "cross"), one (H, Tq, Tk) tensor per
-            layer.
-        query_tokens_by_kind: per kind, the Tq query tokens (the target's for "decoder self"
-            and "cross", the source's for "encoder self").
-        key_tokens_by_kind: per kind, the Tk key tokens.
-        layers, heads: 0-based indices to keep, in the order given; None keeps all.
-
-    Raises:
-        QkvError: if a layer or head index is out of range, or a kind has no tokens.
-    """
+    and head and titled with 0-based indices, e.g. "cross · layer 0 · head 3". `maps` holds,
+    per kind, one (H, Tq, Tk) tensor per layer; `layers` and `heads` are the indices to keep,
+    in the order given (None keeps all)."""
     panels = []
     for kind, per_layer in maps.items():
-        if kind not in query_tokens_by_kind or kind not in key_tokens_by_kind:
-            raise QkvError(f"no tokens were given for the {kind} attention maps")
-        layer_indices = _checked_indices(layers, len(per_layer), "layer", kind)
-        for layer in layer_indices:
+        for layer in _checked_indices(layers, len(per_layer), "layer", kind):
             weights_HQK = per_layer[layer]
-            if weights_HQK.dim() != 3:
-                raise QkvError(
-                    f"{kind} attention of layer {layer} should have shape (heads, queries, keys),"
-                    f" got {tuple(weights_HQK.shape)}"
-                )
+            queries, keys = query_tokens_by_kind[kind], key_tokens_by_kind[kind]
             for head in _checked_indices(heads, weights_HQK.shape[0], "head", kind):
-                panels.append(
-                    AttentionPanel(
-                        weights=weights_HQK[head],  # (Tq, Tk)
-                        query_tokens=list(query_tokens_by_kind[kind]),
-                        key_tokens=list(key_tokens_by_kind[kind]),
-                        title=f"{kind} · layer {layer} · head {head}",
-                    )
-                )
+                title = f"{kind} · layer {layer} · head {head}"
+                panels.append(AttentionPanel(weights_HQK[head], list(queries), list(keys), title))
     return panels
 
 
@@ -148,22 +115,11 @@ def _checked_indices(wanted: Sequence[int] | None, count: int, what: str, kind: 
 def plot_attention(
     panels: Sequence[AttentionPanel], out_path: str | Path, title: str | None = None
 ) -> Path:
-    """Draws attention heatmaps in a grid to a picture (PNG, SVG, PDF, ...); returns its path.
-
+    """Draws attention heatmaps in a grid to a picture (see `save_figure`); returns its path.
     The grid is roughly square, at most four columns wide. Panels are sized to keep every
     token readable, up to `MAX_FIGURE_INCHES` a side; beyond that the figure is scaled down,
     and a panel whose cells get too small names every k-th token. All panels share one
-    colour scale from 0 to 1.
-
-    Args:
-        panels: the heatmaps, in reading order.
-        out_path: the picture, its format from its suffix (see `save_figure`); missing
-            parent directories are created.
-        title: an optional caption above the grid.
-
-    Raises:
-        QkvError: if `panels` is empty.
-    """
+    colour scale from 0 to 1."""
     if not panels:
         raise QkvError("there are no attention maps to plot")
     n_columns = min(MAX_COLUMNS, math.ceil(math.sqrt(len(panels))))
@@ -216,37 +172,21 @@ def _label_room(across: Sequence[str]) -> float:
     return max((len(token) for token in across), default=0) * _CHAR_INCHES + 0.8
 
 
-@lru_cache(maxsize=1)
-def _available_fonts() -> list[str]:
-    """The families of `PREFERRED_FONTS` installed on this machine, in order of preference."""
-    installed = {font.name for font in font_manager.fontManager.ttflist}
-    return [name for name in PREFERRED_FONTS if name in installed] or ["sans-serif"]
-
-
 @contextmanager
 def _multilingual_text() -> Iterator[None]:
-    """Text drawn with fallback fonts, without warnings about glyphs no font has."""
-    with (
-        matplotlib.rc_context({"font.family": _available_fonts()}),
-        warnings.catch_warnings(),
-    ):
+    """Text drawn with the installed `PREFERRED_FONTS` as fallbacks, without warnings about
+    glyphs no font has."""
+    installed = {font.name for font in font_manager.fontManager.ttflist}
+    fonts = [name for name in PREFERRED_FONTS if name in installed] or ["sans-serif"]
+    with matplotlib.rc_context({"font.family": fonts}), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"Glyph .* missing from")
         yield
 
 
 def save_figure(figure: Figure, out_path: str | Path) -> Path:
-    """Writes a figure atomically, so that readers see the old file or the new, never half;
-    returns its path.
-
-    Args:
-        figure: a figure attached to an Agg canvas.
-        out_path: the destination, its format from its suffix (any matplotlib writes: .png,
-            .svg, .pdf, ...; PNG without one); missing parent directories are created.
-
-    Raises:
-        ConfigError: if the suffix names a format matplotlib cannot write.
-        DataError: if the destination cannot be written (a directory, no permission, ...).
-    """
+    """Writes a figure on an Agg canvas atomically (readers see the old file or the new, never
+    half), in the format its suffix names (PNG without one); makes missing parent directories
+    and returns its path."""
     out_path = Path(out_path)
     kinds = figure.canvas.get_supported_filetypes()
     kind = out_path.suffix.lower().removeprefix(".") or "png"

@@ -16,6 +16,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from qkv.errors import DataError
+from qkv.fits import fits
 from qkv.viz.attention import DPI, save_figure
 
 # Bookkeeping fields, not metrics worth a panel.
@@ -34,18 +35,9 @@ _DISPLAY_NAMES = {"loss": "Loss", "bleu": "BLEU", "chrf": "chrF", "accuracy": "A
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """Reads a metrics log of one JSON object per line into its records, in file order.
-
-    A torn last line (a run killed mid-write) is skipped; a malformed line elsewhere is an
-    error. Blank lines are ignored.
-
-    Args:
-        path: the `metrics.jsonl` file.
-
-    Raises:
-        DataError: if the file cannot be read, or a line other than the last is not a JSON
-            object.
-    """
+    """The records of a metrics log, one JSON object per line, in file order. A torn last line
+    (a run killed mid-write) and blank lines are skipped; a malformed line elsewhere is a
+    DataError."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -75,27 +67,16 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
 
 def plot_curves(metrics_path: str | Path, out_path: str | Path) -> Path:
-    """Plots a run's training curves to a picture (PNG, SVG, PDF, ...); returns its path.
-
-    Panels, against step: train and valid loss; the learning rate; one per metric of the
-    valid records (BLEU, chrF, accuracy, ...), with its train values where they exist. The
-    final checkpoint average's score is a separate star, not a point of the valid line.
-
-    Args:
-        metrics_path: the run's `metrics.jsonl`.
-        out_path: the picture, its format from its suffix (see `viz.attention.save_figure`);
-            missing parent directories are created.
-
-    Raises:
-        DataError: if the log cannot be read, is malformed, or has no train or valid records
-            with a step.
-    """
+    """Plots a run's training curves to a picture (see `viz.attention.save_figure`); returns
+    its path. Panels, against step: train and valid loss; the learning rate; one per metric
+    of the valid records (BLEU, chrF, accuracy, ...), with its train values where they exist.
+    The final checkpoint average's score is a separate star, not a point of the valid line."""
     records = read_metrics(metrics_path)
     train = [r for r in records if r.get("split") == "train"]
     valid_records = [r for r in records if r.get("split") == "valid"]
     valid = [r for r in valid_records if "averaged" not in r]
     averaged = [r for r in valid_records if "averaged" in r]  # the checkpoint average, at the end
-    if not any(_is_number(r.get("step")) for r in train + valid):
+    if not any(fits(r.get("step"), float) for r in train + valid):
         raise DataError(metrics_path, "no train or valid records with a step to plot")
 
     panels = ["loss"]
@@ -125,16 +106,12 @@ def plot_curves(metrics_path: str | Path, out_path: str | Path) -> Path:
     return save_figure(figure, out_path)
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def _series(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
     """(steps, values) of the records with both a numeric step and a numeric `key`."""
     points = [
         (float(r["step"]), float(r[key]))
         for r in records
-        if _is_number(r.get("step")) and _is_number(r.get(key))
+        if fits(r.get("step"), float) and fits(r.get(key), float)
     ]
     return [step for step, _ in points], [value for _, value in points]
 
@@ -144,7 +121,7 @@ def _valid_metrics(valid: list[dict[str, Any]]) -> list[str]:
     names: dict[str, None] = {}
     for record in valid:
         for key, value in record.items():
-            if key not in _NOT_METRICS and _is_number(value):
+            if key not in _NOT_METRICS and fits(value, float):
                 names[key] = None
     return list(names)
 
