@@ -13,6 +13,9 @@ from collections.abc import Sequence
 from qkv import __version__
 from qkv.errors import QkvError, os_problem
 
+QUANTIZATIONS = ("int8", "int8_float32", "bfloat16", "float16")
+"""CTranslate2's weight types that `qkv export` and the ctranslate2 engine offer."""
+
 
 def _command(
     sub: argparse._SubParsersAction,
@@ -46,6 +49,18 @@ def _add_device(parser: argparse.ArgumentParser, workers: bool = False) -> None:
 
 def _add_decoding(parser: argparse.ArgumentParser, sampling: bool = False) -> None:
     """The options of translating: search (and with `sampling`, sampling), length and speed."""
+    parser.add_argument(
+        "--engine",
+        choices=("torch", "ctranslate2"),
+        default="torch",
+        help="translation: decode with PyTorch, or with the run's CTranslate2 export, made on "
+        "first use (pip install 'qkv[deploy]'; default %(default)s)",
+    )
+    parser.add_argument(
+        "--quantize",
+        choices=QUANTIZATIONS,
+        help="with --engine ctranslate2: the export's weights (default float32)",
+    )
     parser.add_argument(
         "--beam", type=int, default=5, help="beam size, 1 = greedy (default %(default)s)"
     )
@@ -155,6 +170,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decoding(translate, sampling=True)
     translate.add_argument("--input", metavar="FILE", help="one sentence per line (default stdin)")
     translate.add_argument("--output", metavar="FILE", help="default stdout")
+    translate.add_argument(
+        "--n-best",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with --json: the N best hypotheses of each sentence, N up to --beam (default 1)",
+    )
+    translate.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object a line: the hypotheses with their scores and tokens",
+    )
 
     evaluate = _command(sub, "evaluate", "score a run on a test set")
     evaluate.add_argument("--src", metavar="FILE", help="translation: source sentences")
@@ -203,6 +230,39 @@ def build_parser() -> argparse.ArgumentParser:
     )
     attention.add_argument("--layers", help="comma-separated 0-based layers (default all)")
     attention.add_argument("--heads", help="comma-separated 0-based heads (default all)")
+
+    export = _command(sub, "export", "convert a translation run for an inference engine")
+    export.add_argument("--to", choices=("ctranslate2",), required=True, help="the engine")
+    export.add_argument("out", metavar="OUT", help="the model directory to write")
+    export.add_argument("--quantize", choices=QUANTIZATIONS, help="weights (default float32)")
+
+    serve = _command(sub, "serve", "serve runs over HTTP, with a web page", run_dir=False)
+    serve.add_argument("runs", metavar="RUN", nargs="+", help="run directories to serve")
+    serve.add_argument("--host", default="127.0.0.1", help="address (default %(default)s)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default %(default)s)")
+    serve.add_argument(
+        "--engine",
+        choices=("torch", "ctranslate2"),
+        default="torch",
+        help="translation runs' engine (default %(default)s)",
+    )
+    serve.add_argument("--quantize", choices=QUANTIZATIONS, help="with --engine ctranslate2")
+    serve.add_argument("--threads", type=int, default=0, help="torch threads (0: its default)")
+    serve.add_argument(
+        "--window-ms",
+        type=float,
+        default=10.0,
+        help="how long a batch gathers concurrent requests (default %(default)s)",
+    )
+    serve.add_argument(
+        "--batch-tokens",
+        type=int,
+        default=8192,
+        help="source tokens a gathered batch holds at most (default %(default)s)",
+    )
+    serve.add_argument("--max-texts", type=int, default=64, help="texts a request (64)")
+    serve.add_argument("--max-chars", type=int, default=2000, help="characters a text (2000)")
+    serve.add_argument("--max-body", type=int, default=1 << 20, help="bytes a body (1 MiB)")
 
     plot = _command(sub, "plot", "draw a run's training and validation curves")
     plot.add_argument(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +24,6 @@ MODULES = ("bench", "peers", "phases", "qkv_side", "report", "workload")
 
 def with_threads(n: int) -> list[str]:
     return [str(n) if TINY[i - 1] == "--threads" else x for i, x in enumerate(TINY)]
-
-
-@pytest.fixture
-def bench(monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.syspath_prepend(str(BENCH_DIR))
-    for name in MODULES:
-        sys.modules.pop(name, None)  # a fresh import under the patched path
-    import bench as module
-
-    return module
 
 
 def run(bench: Any, tmp_path: Path, *options: str, base: list[str] = TINY) -> tuple[dict, str]:

@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from tests.benchmarks.test_bench_smoke import BENCH_DIR, MODULES, run, with_threads
+from tests.benchmarks.test_bench_smoke import BENCH_DIR, run, with_threads
 
 pytest.importorskip("ctranslate2", reason="the CTranslate2 peers need pip install ctranslate2")
-
-
-@pytest.fixture
-def bench(monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.syspath_prepend(str(BENCH_DIR))
-    for name in MODULES:
-        sys.modules.pop(name, None)  # a fresh import under the patched path
-    import bench as module
-
-    return module
 
 
 def sources(count: int) -> torch.Tensor:

@@ -11,7 +11,10 @@ from qkv.errors import ConfigError
 from qkv.run import RunConfig
 
 TASK_OPTIONS = {
-    "translation": ("src", "ref", "beam", "alpha", "max_len_a", "max_len_b", "workers", "bf16"),
+    "translation": (
+        *("src", "ref", "beam", "alpha", "max_len_a", "max_len_b", "workers", "bf16"),
+        *("engine", "quantize"),
+    ),
     "classification": ("data",),
 }
 """The options of `qkv evaluate` that belong to each task."""
@@ -39,7 +42,9 @@ def _translation(args: argparse.Namespace) -> int:
         raise ConfigError("evaluate on a translation run needs --src FILE and --ref FILE")
     sources, references = read_parallel(Path(args.src), Path(args.ref))
     tune_allocator()  # decoding allocates the same large blocks every step
-    translator = Translator.load(args.run_dir, device_name(args))
+    if args.quantize and args.engine != "ctranslate2":
+        raise ConfigError("--quantize is for --engine ctranslate2")
+    translator = Translator.load(args.run_dir, device_name(args), args.engine, args.quantize)
     hypotheses = translator.translate(
         sources,
         beam_size=args.beam,
@@ -52,7 +57,7 @@ def _translation(args: argparse.Namespace) -> int:
     )
     scores = score_translations(hypotheses, references)
     if args.json:
-        settings = ("beam", "alpha", "bf16", "max_len_a", "max_len_b")
+        settings = ("beam", "alpha", "bf16", "max_len_a", "max_len_b", "engine", "quantize")
         print_json({**{key: getattr(args, key) for key in settings}, **asdict(scores)})
     else:
         print(f"BLEU {scores.bleu:.2f}  ({scores.bleu_signature})")

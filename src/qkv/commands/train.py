@@ -118,7 +118,8 @@ def _train(args: argparse.Namespace, out: Path, values: dict[str, str]) -> Progr
         model, train = presets.translation_preset(args.preset or "small")
         sides = {"src": args.src, "tgt": args.tgt}
         data = TranslationData(args.data, **{k: v for k, v in sides.items() if v is not None})
-        return train_translation(*overrides.apply_all(data, model, train, values), out)
+        data, model, train = overrides.apply_all(data, model, train, values)
+        return train_translation(data, model, train, out, explicit=frozenset(values))
     from qkv.tasks.classification import train_classification
 
     if not args.train:
@@ -127,7 +128,8 @@ def _train(args: argparse.Namespace, out: Path, values: dict[str, str]) -> Progr
     labelled.train_file, labelled.valid_file = args.train, args.valid or ""
     if args.valid_fraction is not None:
         labelled.valid_fraction = args.valid_fraction
-    return train_classification(*overrides.apply_all(labelled, model, train, values), out)
+    labelled, model, train = overrides.apply_all(labelled, model, train, values)
+    return train_classification(labelled, model, train, out, explicit=frozenset(values))
 
 
 def _resume(run_dir: Path, values: dict[str, str]) -> int:

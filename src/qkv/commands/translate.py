@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import json
+from typing import TYPE_CHECKING
 
 from qkv.cli import device_name, given_options
 from qkv.commands.io import check_output, input_lines, write_lines
 from qkv.errors import ConfigError
+
+if TYPE_CHECKING:
+    from qkv.inference.translator import Hypothesis
 
 SEARCH_OPTIONS = ("beam", "alpha")
 SAMPLING_OPTIONS = ("temperature", "top_k", "top_p")
@@ -23,12 +28,18 @@ def run(args: argparse.Namespace) -> int:
             if args.sample
             else f"{given[0]} is for --sample; without it qkv searches (--beam)"
         )
+    if args.n_best > 1 and not args.json:
+        raise ConfigError("--n-best needs --json (one JSON object a line holds the hypotheses)")
+    if args.quantize and args.engine != "ctranslate2":
+        raise ConfigError("--quantize is for --engine ctranslate2")
     tune_allocator()  # decoding allocates the same large blocks every step
     check_output(args.output)  # before the work, not after
-    translator = Translator.load(args.run_dir, device_name(args))
+    translator = Translator.load(args.run_dir, device_name(args), args.engine, args.quantize)
     lines = input_lines(args.input)
-    outputs = translator.translate(
+    found = translator.hypotheses(
         lines,
+        n_best=args.n_best,
+        scored=args.json,
         beam_size=args.beam,
         alpha=args.alpha,
         sampling=args.sample,
@@ -43,5 +54,21 @@ def run(args: argparse.Namespace) -> int:
         max_len_b=args.max_len_b,
         progress=True,
     )
-    write_lines(args.output, outputs)
+    if args.json:
+        write_lines(
+            args.output,
+            [
+                json.dumps(_record(line, h), ensure_ascii=False)
+                for line, h in zip(lines, found, strict=True)
+            ],
+        )
+    else:
+        write_lines(args.output, [hypotheses[0].text for hypotheses in found])
     return 0
+
+
+def _record(source: str, hypotheses: list[Hypothesis]) -> dict[str, object]:
+    return {
+        "source": source,
+        "hypotheses": [{"text": h.text, "score": h.score, "tokens": h.tokens} for h in hypotheses],
+    }

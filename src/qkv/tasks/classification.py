@@ -29,6 +29,7 @@ from qkv.run import (
     load_tokenizer,
 )
 from qkv.training.config import TrainConfig
+from qkv.training.plan import planned
 from qkv.training.speed import pick_device, set_up_process
 from qkv.training.trainer import Progress, Trainer
 from qkv.viz.curves import write_curves
@@ -124,6 +125,9 @@ class ClassificationTask:
         self.ids, self.labels = corpora["train.ids"], [y[0] for y in corpora["train.labels"]]
         self.valid_ids = corpora["valid.ids"]
         self.valid_labels = [y[0] for y in corpora["valid.labels"]]
+        # What always answering the commonest validation label scores: a wasted run's mark.
+        counts = [self.valid_labels.count(y) for y in set(self.valid_labels)]
+        self.trivial = max(counts, default=0) / max(len(self.valid_labels), 1)
         extra = 1 if data.cls else 0
         self.lengths = [len(x) + extra for x in self.ids]
 
@@ -267,9 +271,11 @@ def train_classification(
     train_config: TrainConfig | None,
     run_dir: Path,
     resume: RunConfig | None = None,
+    explicit: frozenset[str] = frozenset(),
 ) -> Progress:
     """Trains a text classifier into `run_dir`, or continues the run `resume` (its
-    configuration, with changes saved once the data checks out)."""
+    configuration, with changes saved once the data checks out). A new run's schedule is
+    planned from the data's size (`qkv.training.plan`), but for the settings in `explicit`."""
     tokenizer: Tokenizer | None = None
     if resume:
         data, model_config, train_config = run_data(resume, run_dir), resume.model, resume.train
@@ -298,6 +304,10 @@ def train_classification(
     model = build_model(TextClassifier, model_config)  # before the run is saved
     if train_config.fast:
         fast.apply(model)
+    if not resume:
+        train_config = planned(
+            train_config, [len(ids) + 1 for ids in corpora["train.ids"]], explicit
+        )
     (resume or RunConfig("classification", model_config, train_config, asdict(data))).save(run_dir)
     task = ClassificationTask(model, corpora, data, train_config)
     trainer = Trainer(task, train_config, run_dir, device)

@@ -23,6 +23,7 @@ from qkv.model.seq2seq import Seq2SeqTransformer
 from qkv.run import TOKENIZER_FILE, RunConfig, build_model, data_settings, load_tokenizer
 from qkv.training.config import TrainConfig
 from qkv.training.losses import bucket_loss, nonpad_logits, smoothed_cross_entropy
+from qkv.training.plan import planned
 from qkv.training.speed import pick_device, set_up_process
 from qkv.training.trainer import Progress, Trainer
 from qkv.viz.curves import write_curves
@@ -71,6 +72,7 @@ class TranslationTask:
         self.valid_refs = valid_refs
         self.label_smoothing = train.label_smoothing
         self.lengths = pair_lengths(self.src, self.tgt)
+        self.trivial = 1.0  # validation BLEU at or below it: nothing learned
 
     def batches(self, epoch: int) -> list[list[int]]:
         c = self.train_config
@@ -200,9 +202,11 @@ def train_translation(
     train_config: TrainConfig | None,
     run_dir: Path,
     resume: RunConfig | None = None,
+    explicit: frozenset[str] = frozenset(),
 ) -> Progress:
     """Trains a translation model into `run_dir`, or continues the run `resume` (its
-    configuration, with changes saved once the data checks out)."""
+    configuration, with changes saved once the data checks out). A new run's schedule is
+    planned from the data's size (`qkv.training.plan`), but for the settings in `explicit`."""
     if resume:
         data = data_settings(TranslationData, resume.data, run_dir)
         model_config, train_config = resume.model, resume.train
@@ -227,6 +231,12 @@ def train_translation(
     model = build_model(Seq2SeqTransformer, model_config)  # before the run is saved
     if train_config.fast:
         fast.apply(model)
+    if not resume:
+        train_config = planned(
+            train_config,
+            pair_lengths(corpora["train.src"], corpora["train.tgt"]),
+            explicit,
+        )
     (resume or RunConfig("translation", model_config, train_config, asdict(data))).save(run_dir)
     task = TranslationTask(model, tokenizer, corpora, valid_refs, train_config)
     trainer = Trainer(task, train_config, run_dir, device)

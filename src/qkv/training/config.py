@@ -17,6 +17,7 @@ class TrainConfig:
 
     lr: float = 7e-4  # peak learning rate, reached at the end of warm-up
     warmup: int = 4000  # linear warm-up steps, then 1/sqrt(step) decay
+    decay: str = "inverse_sqrt"  # after warm-up: 1/sqrt(step), or linear to 0 at the budget
     beta1: float = 0.9  # AdamW beta1
     beta2: float = 0.98  # AdamW beta2 (the paper's value)
     weight_decay: float = 0.0  # AdamW decoupled weight decay
@@ -46,6 +47,7 @@ class TrainConfig:
         checks = [
             (0 < self.lr < math.inf, "lr must be a positive number"),
             (self.warmup >= 0, "warmup must be 0 or more"),
+            (self.decay in ("inverse_sqrt", "linear"), "decay must be inverse_sqrt or linear"),
             (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "betas must be in [0, 1)"),
             (0 <= self.label_smoothing < 1, "label_smoothing must be in [0, 1)"),
             (self.accumulate >= 1, "accumulate must be at least 1"),

@@ -85,3 +85,10 @@ def plan_training(
         examples, tokens, max_tokens, per_epoch, epochs, steps, warmup, eval_every, c.max_minutes
     )
     return plan, planned
+
+
+def planned(config: TrainConfig, lengths: list[int], explicit: frozenset[str]) -> TrainConfig:
+    """`config` planned for examples of these padded `lengths`; prints the plan's line."""
+    plan, config = plan_training(config, len(lengths), sum(lengths), explicit)
+    print(plan.describe())
+    return config

@@ -26,6 +26,7 @@ from qkv.training.graphed import GraphedStep
 from qkv.training.metrics_log import MetricsLog, rank
 from qkv.training.optimizer import adamw
 from qkv.training.task import GraphableTask, TrainingTask
+from qkv.training.verdict import run_warnings
 
 
 class TrainingInterrupted(QkvError):
@@ -137,6 +138,7 @@ class Trainer:
         )
         self.graphed: GraphedStep | None = None  # made at the first step, after any resume
         self.progress = Progress()
+        self.steps_per_epoch = 1  # known once the first epoch's batches are made
         self.log = MetricsLog(run_dir / "metrics.jsonl")
         self.checkpoints = run_dir / "checkpoints"
 
@@ -208,6 +210,7 @@ class Trainer:
             )
             while not p.done and p.epoch < c.max_epochs:
                 batches = self.task.batches(p.epoch)
+                self.steps_per_epoch = max(1, len(batches) // c.accumulate)
                 while p.batch_index < len(batches):
                     group = batches[p.batch_index : p.batch_index + c.accumulate]
                     stepped = self.step(group, bar)
@@ -236,7 +239,20 @@ class Trainer:
             if received:  # before or during the final validation: the averaging is left to do
                 raise self.interrupted(received[0], "finish")
             self.finish()
+            self.report_waste()
         return p
+
+    def report_waste(self) -> None:
+        """Say plainly, and record in the metrics, the signs of a wasted run (`verdict.py`)."""
+        c, p = self.config, self.progress
+        valid = [{"split": "valid", **record} for record in p.history]
+        records = [{"split": "train", "step": p.step}, *valid]
+        trivial = getattr(self.task, "trivial", 0.0)
+        found = run_warnings(records, c.warmup, self.task.metric, trivial, p.skipped_steps)
+        for warning in found:
+            tqdm.write(f"warning: {warning}")
+        if found and rank() == 0:
+            self.log.write({"split": "warnings", "step": p.step, "warnings": found})
 
     def interrupted(self, reason: str, then: str) -> TrainingInterrupted:
         """The error that ends a run stopped for `reason`, its checkpoint saved."""
@@ -252,12 +268,26 @@ class Trainer:
             or (c.max_minutes and p.elapsed >= c.max_minutes * 60)
         )
 
+    def learning_rate(self, step: int) -> float:
+        """The rate of optimiser step `step`: warm-up, then 1/sqrt(step) decay (the paper's),
+        or with decay=linear a straight line to 0 at the end of the run's budget (its steps,
+        epochs or minutes, whichever comes first), as budgeted training does."""
+        c = self.config
+        if c.decay == "inverse_sqrt":
+            return inverse_sqrt(step, c.lr, c.warmup)
+        planned = c.max_epochs * self.steps_per_epoch
+        done = step / min(planned, c.max_steps or planned)
+        if c.max_minutes:
+            done = max(done, self.progress.elapsed / (c.max_minutes * 60))
+        warm = min(step / c.warmup, 1.0) if c.warmup else 1.0
+        return c.lr * warm * max(1.0 - done, 0.02)
+
     def step(self, group: Sequence[Any], bar: tqdm) -> bool:
         """One optimiser step over `group` (gradient accumulation); False if it is skipped."""
         c, p = self.config, self.progress
         start = time.perf_counter()
         self.model.train()
-        lr = inverse_sqrt(p.step + 1, c.lr, c.warmup)
+        lr = self.learning_rate(p.step + 1)
         total = sum(self.task.n_targets(b) for b in group)
         # With clipping off, an infinite max_norm still measures the norm (and scales by 1).
         max_norm = c.clip_norm if c.clip_norm > 0 else math.inf

@@ -1,0 +1,153 @@
+"""The deployment commands: qkv export, qkv translate --engine/--n-best/--json, qkv evaluate
+--engine, and qkv serve as a process (SIGTERM finishes the requests in flight)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from qkv.cli import main
+
+pytest.importorskip("ctranslate2", reason="the deploy extra (ctranslate2) is not installed")
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+DATES = ["3 March 2021", "March 4, 1999", "the 5th of May 2020", "12/01/2003", "1 Jan 2000"]
+
+
+@pytest.fixture
+def sentences(tmp_path: Path) -> Path:
+    path = tmp_path / "in.txt"
+    path.write_text("\n".join(DATES) + "\n")
+    return path
+
+
+def test_export_writes_a_ctranslate2_model(
+    translation_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "ct2"
+    assert main(["export", str(translation_run), "--to", "ctranslate2", str(out)]) == 0
+    assert "wrote" in capsys.readouterr().out
+    assert {"model.bin", "config.json", "qkv_export.json"} <= {p.name for p in out.iterdir()}
+    note = json.loads((out / "qkv_export.json").read_text())
+    assert note["quantize"] is None and len(note["weights_sha256"]) == 64
+
+
+def test_export_refuses_a_classification_run(
+    classification_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["export", str(classification_run), "--to", "ctranslate2", str(tmp_path / "x")]
+    assert main(args) == 2
+    error = capsys.readouterr().err
+    assert "only translation runs export" in error and len(error.splitlines()) == 1
+
+
+@pytest.mark.parametrize("beam", ["1", "4"])
+def test_translate_with_either_engine_gives_the_same_lines(
+    translation_run: Path,
+    sentences: Path,
+    tmp_path: Path,
+    beam: str,
+) -> None:
+    outputs = []
+    for engine in ("torch", "ctranslate2"):
+        out = tmp_path / f"{engine}.txt"
+        args = ["translate", str(translation_run), "--input", str(sentences), "--beam", beam]
+        assert main([*args, "--engine", engine, "--output", str(out)]) == 0
+        outputs.append(out.read_text().splitlines())
+    assert outputs[0] == outputs[1] and len(outputs[0]) == len(DATES)
+
+
+def test_n_best_as_json_lines(
+    translation_run: Path, sentences: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["translate", str(translation_run), "--input", str(sentences), "--beam", "4"]
+    assert main([*args, "--n-best", "3", "--json"]) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["source"] for r in records] == DATES
+    for record in records:
+        scores = [h["score"] for h in record["hypotheses"]]
+        assert len(scores) == 3 and scores == sorted(scores, reverse=True)
+        assert all(h["tokens"] for h in record["hypotheses"])
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--n-best", "3"], "--n-best needs --json"),
+        (["--quantize", "int8"], "--quantize is for --engine ctranslate2"),
+        (["--n-best", "6", "--json", "--beam", "4"], "n_best (6) exceeds the beam size (4)"),
+    ],
+)
+def test_translate_refusals(
+    translation_run: Path,
+    sentences: Path,
+    capsys: pytest.CaptureFixture[str],
+    extra: list[str],
+    message: str,
+) -> None:
+    assert main(["translate", str(translation_run), "--input", str(sentences), *extra]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_evaluate_scores_the_deployed_model_alike(
+    translation_run: Path, sentences: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    references = tmp_path / "ref.txt"
+    references.write_text("2021-03-03\n1999-03-04\n2020-05-05\n2003-12-01\n2000-01-01\n")
+    scores = []
+    for engine in ("torch", "ctranslate2"):
+        args = ["evaluate", str(translation_run), "--src", str(sentences), "--ref", str(references)]
+        assert main([*args, "--engine", engine, "--json"]) == 0
+        scores.append(json.loads(capsys.readouterr().out))
+    assert scores[0]["bleu"] == scores[1]["bleu"]
+    assert scores[1]["engine"] == "ctranslate2"
+
+
+def test_serve_drains_requests_in_flight_on_sigterm(translation_run: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "qkv", "serve", str(translation_run), "--port", str(port)]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    server = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise
+                time.sleep(0.1)
+        answers: list[httpx.Response] = []
+        body = {"texts": DATES * 12, "beam": 8, "n_best": 8}  # about a second of decoding
+        client = threading.Thread(
+            target=lambda: answers.append(httpx.post(url + "/translate", json=body, timeout=60))
+        )
+        client.start()
+        time.sleep(0.3)  # the request is in flight
+        server.send_signal(signal.SIGTERM)
+        client.join(timeout=60)
+        assert server.wait(timeout=60) == 0
+        assert answers and answers[0].status_code == 200
+        assert len(answers[0].json()["results"]) == len(DATES) * 12
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_serve_refuses_a_bad_port(translation_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", str(translation_run), "--port", "70000"]) == 2
+    assert "--port must be between 1 and 65535" in capsys.readouterr().err

@@ -1,0 +1,48 @@
+"""The plan and the warnings, end to end: a run with no preset plans its schedule from the data,
+and a run that ends in its warm-up says so and records it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from qkv.cli import main
+from tests.tasks.test_classification_e2e import make_rows, write_jsonl
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def records(run: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_run_without_a_preset_plans_from_the_data(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    train = write_jsonl(tmp_path / "train.jsonl", make_rows(300, ["pos", "neg"], seed=1))
+    run = tmp_path / "run"
+    args = ["train", "classification", "--train", str(train), "--out", str(run)]
+    small = ["d_model=32", "d_ff=64", "n_heads=2", "n_encoder_layers=1", "vocab_size=200"]
+    assert main([*args, *small, "max_steps=60", "max_len=64"]) == 0
+    out = capsys.readouterr().out
+    assert "270 examples, 60 steps planned" in out  # 10 % held out for validation
+    train_config = json.loads((run / "config.json").read_text())["train"]
+    # The `strong` preset's warm-up of 300 and evaluation every 175 steps, scaled to 60 steps.
+    assert train_config["warmup"] == 36 and train_config["eval_every"] == 12
+    assert train_config["max_tokens"] < 32 * 512  # at least 50 batches a pass
+    assert sum(1 for r in records(run) if r["split"] == "valid") >= 5
+
+
+def test_a_run_that_ends_in_its_warm_up_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    train = write_jsonl(tmp_path / "train.jsonl", make_rows(200, ["pos", "neg"], seed=1))
+    run = tmp_path / "run"
+    args = ["train", "classification", "--train", str(train), "--out", str(run), "--preset"]
+    assert main([*args, "tiny", "max_steps=10", "warmup=100", "eval_every=5"]) == 0
+    out = capsys.readouterr()
+    assert "within its warm-up of 100 steps" in out.out + out.err
+    (warned,) = [r for r in records(run) if r["split"] == "warnings"]
+    assert "warm-up" in str(warned["warnings"])
