@@ -304,13 +304,15 @@ def train_classification(
     model = build_model(TextClassifier, model_config)  # before the run is saved
     if train_config.fast:
         fast.apply(model)
+    plan = ""
     if not resume:
-        train_config = planned(
+        train_config, plan = planned(
             train_config, [len(ids) + 1 for ids in corpora["train.ids"]], explicit
         )
     (resume or RunConfig("classification", model_config, train_config, asdict(data))).save(run_dir)
     task = ClassificationTask(model, corpora, data, train_config)
     trainer = Trainer(task, train_config, run_dir, device)
+    trainer.plan = plan
     if resume:
         trainer.resume()
     progress = trainer.train()

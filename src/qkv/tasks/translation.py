@@ -231,8 +231,9 @@ def train_translation(
     model = build_model(Seq2SeqTransformer, model_config)  # before the run is saved
     if train_config.fast:
         fast.apply(model)
+    plan = ""
     if not resume:
-        train_config = planned(
+        train_config, plan = planned(
             train_config,
             pair_lengths(corpora["train.src"], corpora["train.tgt"]),
             explicit,
@@ -240,6 +241,7 @@ def train_translation(
     (resume or RunConfig("translation", model_config, train_config, asdict(data))).save(run_dir)
     task = TranslationTask(model, tokenizer, corpora, valid_refs, train_config)
     trainer = Trainer(task, train_config, run_dir, device)
+    trainer.plan = plan
     if resume:
         trainer.resume()
     progress = trainer.train()

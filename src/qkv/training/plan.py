@@ -87,8 +87,9 @@ def plan_training(
     return plan, planned
 
 
-def planned(config: TrainConfig, lengths: list[int], explicit: frozenset[str]) -> TrainConfig:
-    """`config` planned for examples of these padded `lengths`; prints the plan's line."""
+def planned(
+    config: TrainConfig, lengths: list[int], explicit: frozenset[str]
+) -> tuple[TrainConfig, str]:
+    """`config` planned for examples of these padded `lengths`, and the plan's line."""
     plan, config = plan_training(config, len(lengths), sum(lengths), explicit)
-    print(plan.describe())
-    return config
+    return config, plan.describe()

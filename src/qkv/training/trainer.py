@@ -139,6 +139,7 @@ class Trainer:
         self.graphed: GraphedStep | None = None  # made at the first step, after any resume
         self.progress = Progress()
         self.steps_per_epoch = 1  # known once the first epoch's batches are made
+        self.plan = ""  # the line of a new run's plan (`plan.py`), printed as training starts
         self.log = MetricsLog(run_dir / "metrics.jsonl")
         self.checkpoints = run_dir / "checkpoints"
 
@@ -201,6 +202,8 @@ class Trainer:
         parameters = sum(t.numel() for t in self.model.parameters() if t.requires_grad)
         with stop_signals() as received:
             print(f"training {parameters:,} parameters on {self.device} from step {p.step}")
+            if self.plan:
+                print(self.plan)
             bar = tqdm(
                 total=c.max_steps or None,
                 initial=p.step,
