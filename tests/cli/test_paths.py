@@ -16,7 +16,14 @@ from qkv.cli import main
 from qkv.training.checkpoint import UMASK
 
 TRANSLATION = Path(__file__).resolve().parents[1] / "corpus" / "translation" / "good"
-TINY_TRANSLATION = ["--preset", "tiny", "vocab_size=100", "max_tokens=256", "max_steps=2"]
+TINY_TRANSLATION = [
+    "--preset",
+    "tiny",
+    "vocab_size=100",
+    "max_tokens=256",
+    "max_steps=2",
+    "warmup=100",
+]
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
