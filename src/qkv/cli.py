@@ -12,9 +12,7 @@ from collections.abc import Sequence
 
 from qkv import __version__
 from qkv.errors import QkvError, os_problem
-
-QUANTIZATIONS = ("int8", "int8_float32", "bfloat16", "float16")
-"""CTranslate2's weight types that `qkv export` and the ctranslate2 engine offer."""
+from qkv.export import QUANTIZATIONS
 
 
 def _command(
@@ -47,8 +45,7 @@ def _add_device(parser: argparse.ArgumentParser, workers: bool = False) -> None:
     )
 
 
-def _add_decoding(parser: argparse.ArgumentParser, sampling: bool = False) -> None:
-    """The options of translating: search (and with `sampling`, sampling), length and speed."""
+def _add_engine(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--engine",
         choices=("torch", "ctranslate2"),
@@ -61,6 +58,11 @@ def _add_decoding(parser: argparse.ArgumentParser, sampling: bool = False) -> No
         choices=QUANTIZATIONS,
         help="with --engine ctranslate2: the export's weights (default float32)",
     )
+
+
+def _add_decoding(parser: argparse.ArgumentParser, sampling: bool = False) -> None:
+    """The options of translating: search (and with `sampling`, sampling), length and speed."""
+    _add_engine(parser)
     parser.add_argument(
         "--beam", type=int, default=5, help="beam size, 1 = greedy (default %(default)s)"
     )
@@ -240,13 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("runs", metavar="RUN", nargs="+", help="run directories to serve")
     serve.add_argument("--host", default="127.0.0.1", help="address (default %(default)s)")
     serve.add_argument("--port", type=int, default=8000, help="port (default %(default)s)")
-    serve.add_argument(
-        "--engine",
-        choices=("torch", "ctranslate2"),
-        default="torch",
-        help="translation runs' engine (default %(default)s)",
-    )
-    serve.add_argument("--quantize", choices=QUANTIZATIONS, help="with --engine ctranslate2")
+    _add_engine(serve)
     serve.add_argument("--threads", type=int, default=0, help="torch threads (0: its default)")
     serve.add_argument(
         "--window-ms",

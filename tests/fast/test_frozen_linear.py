@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from torch import nn
@@ -140,15 +142,27 @@ def test_frozen_linear_with_relu_equals_the_layer_then_relu(rows: int) -> None:
     torch.testing.assert_close(with_autograd, torch.relu(layer(x)), rtol=1e-5, atol=1e-5)
 
 
-def test_frozen_linear_without_the_reorder_operator_is_the_layer(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The fallback where this torch lacks oneDNN's private reorder operator."""
-
+def _no_reorder_operator(monkeypatch: pytest.MonkeyPatch) -> None:
     def missing(*args: object) -> None:
         raise AttributeError("no such operator")
 
     monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", missing)
+
+
+def _no_linear_operator(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(qkv.fast.frozen_linear, "onednn_available", lambda: False)
+
+
+@pytest.mark.parametrize(
+    "missing",
+    [_no_reorder_operator, _no_linear_operator],
+    ids=["without-the-reorder-operator", "without-onednns-linear-operator"],
+)
+def test_frozen_linear_falls_back_to_the_layer(
+    monkeypatch: pytest.MonkeyPatch, missing: Callable[[pytest.MonkeyPatch], None]
+) -> None:
+    """The fallbacks where this torch lacks one of oneDNN's private operators."""
+    missing(monkeypatch)
     torch.manual_seed(0)
     layer = nn.Linear(16, 12)
     frozen = FrozenLinear(layer, rows=8)
@@ -156,18 +170,4 @@ def test_frozen_linear_without_the_reorder_operator_is_the_layer(
     with torch.no_grad():
         torch.testing.assert_close(frozen(x), layer(x))
         torch.testing.assert_close(frozen(x, relu=True), torch.relu(layer(x)))
-    assert frozen.blocked is None and not frozen.reorders
-
-
-def test_frozen_linear_without_onednns_linear_operator_is_the_layer(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The fallback where this torch lacks oneDNN's private linear operator."""
-    monkeypatch.setattr(qkv.fast.frozen_linear, "onednn_available", lambda: False)
-    torch.manual_seed(0)
-    layer = nn.Linear(16, 12)
-    frozen = FrozenLinear(layer, rows=8)
-    x = torch.randn(8, 16)
-    with torch.no_grad():
-        torch.testing.assert_close(frozen(x), layer(x))
     assert frozen.blocked is None and not frozen.reorders

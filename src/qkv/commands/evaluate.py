@@ -42,8 +42,6 @@ def _translation(args: argparse.Namespace) -> int:
         raise ConfigError("evaluate on a translation run needs --src FILE and --ref FILE")
     sources, references = read_parallel(Path(args.src), Path(args.ref))
     tune_allocator()  # decoding allocates the same large blocks every step
-    if args.quantize and args.engine != "ctranslate2":
-        raise ConfigError("--quantize is for --engine ctranslate2")
     translator = Translator.load(args.run_dir, device_name(args), args.engine, args.quantize)
     hypotheses = translator.translate(
         sources,

@@ -30,8 +30,6 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.n_best > 1 and not args.json:
         raise ConfigError("--n-best needs --json (one JSON object a line holds the hypotheses)")
-    if args.quantize and args.engine != "ctranslate2":
-        raise ConfigError("--quantize is for --engine ctranslate2")
     tune_allocator()  # decoding allocates the same large blocks every step
     check_output(args.output)  # before the work, not after
     translator = Translator.load(args.run_dir, device_name(args), args.engine, args.quantize)

@@ -8,7 +8,6 @@ sinusoids lay sine and cosine out in halves, qkv interleaves them).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -22,11 +21,13 @@ from torch import nn
 
 from qkv import __version__
 from qkv.data.special import BOS, EOS, UNK
+from qkv.data.tokenizer import Tokenizer
 from qkv.errors import ConfigError, QkvError
+from qkv.export import QUANTIZATIONS
 from qkv.model.seq2seq import Seq2SeqTransformer
 from qkv.run import WEIGHTS_FILE, RunConfig, load_run_weights, load_tokenizer
+from qkv.training.checkpoint import sha256
 
-QUANTIZATIONS = ("int8", "int8_float32", "bfloat16", "float16")
 NOTE_FILE = "qkv_export.json"
 
 
@@ -43,11 +44,7 @@ def import_ctranslate2() -> Any:
 
 def weights_digest(run_dir: Path) -> str:
     """sha256 of the run's best weights: an export is redone when they change."""
-    digest = hashlib.sha256()
-    with open(run_dir / WEIGHTS_FILE, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return sha256(run_dir / WEIGHTS_FILE)
 
 
 def export_run(run_dir: Path, out_dir: Path, quantize: str | None = None) -> Path:
@@ -97,7 +94,12 @@ def _vocabulary(run_dir: Path, vocab_size: int) -> list[str]:
         raise ConfigError(
             f"{run_dir}: tokenizer has {tokenizer.vocab_size} tokens, the model {vocab_size}"
         )
-    return [tokenizer.id_to_token(i) for i in range(vocab_size)]
+    return vocabulary(tokenizer)
+
+
+def vocabulary(tokenizer: Tokenizer) -> list[str]:
+    """The tokenizer's token strings in id order: CTranslate2's vocabulary of the model."""
+    return [tokenizer.id_to_token(i) for i in range(tokenizer.vocab_size)]
 
 
 def transformer_spec(

@@ -1,11 +1,10 @@
 """Decoding with an exported CTranslate2 model, under qkv's decoding options.
 
-The rules are qkv's: a sentence's budget is max_len_a * |source| + max_len_b generated tokens,
-EOS included; beam search ranks by the GNMT length penalty ((5 + length) / 6) ** alpha, which
-is CTranslate2's own when scores are not normalised. CTranslate2 takes one budget per call, so
-each batch decodes to its longest budget, greedy and sampled outputs are cut to their own
-(a greedy prefix is what a shorter budget yields), and a beam that reached a shorter budget is
-decoded again alone under it.
+The rules are qkv's: a sentence's budget of generated tokens is `translate.budgets`, and
+hypotheses rank by the GNMT length penalty ((5 + length) / 6) ** alpha (CTranslate2 divides by
+length ** alpha; the scores are turned back into log-probabilities and ranked again).
+CTranslate2 takes one budget a call, so each batch decodes to its longest budget, and a
+sentence whose search reached its own shorter budget is decoded again alone under it.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from qkv.errors import ConfigError
 from qkv.export.ctranslate2 import NOTE_FILE, export_run, import_ctranslate2, weights_digest
 from qkv.inference.beam import length_penalty
 from qkv.inference.translate import DecodeOptions, Found
+from qkv.inference.translate import budgets as output_budgets
 from qkv.inference.workers import auto_workers
 
 
@@ -69,16 +69,13 @@ class CTranslate2Engine:
             raise ConfigError("bf16 is a torch-engine option; export with --quantize bfloat16")
         if n_best > (1 if options.sampling else options.beam_size):
             raise ConfigError(f"n_best ({n_best}) exceeds the beam size ({options.beam_size})")
-        limit = self.max_len - 1
-        budgets = [
-            max(0, min(int(len(s) * min(options.max_len_a, limit) + options.max_len_b), limit))
-            for s in sources
-        ]
+        lengths = torch.tensor([len(s) for s in sources], dtype=torch.long)
+        budgets = output_budgets(lengths, options, self.max_len).tolist()
         todo = [i for i, s in enumerate(sources) if s and budgets[i] > 0]
-        lengths = [len(sources[i]) for i in todo]
         per_batch = max(options.max_tokens // options.beam_size, 1)
         pending = []
-        for batch in token_budget_batches(lengths, per_batch, shuffle=False, seed=0, epoch=0):
+        todo_lengths = [len(sources[i]) for i in todo]
+        for batch in token_budget_batches(todo_lengths, per_batch, shuffle=False, seed=0, epoch=0):
             rows = [todo[i] for i in batch]
             longest = max(budgets[r] for r in rows)
             submitted = self._submit([sources[r] for r in rows], longest, options)

@@ -161,13 +161,19 @@ def translate_hypotheses(
         model.train(was_training)
 
 
-def _budgets(model: Seq2SeqTransformer, src: torch.Tensor, options: DecodeOptions) -> Tensor:
-    """(B,) long: each sentence's budget of generated tokens, EOS included."""
-    src_lengths = (src != PAD_ID).sum(1)  # (B,)
-    limit = model.config.max_len - 1
+def budgets(src_lengths: Tensor, options: DecodeOptions, max_len: int) -> Tensor:
+    """Source lengths (B,) long -> each sentence's budget of generated tokens (B,) long, EOS
+    included: max_len_a x its length + max_len_b, within a model of `max_len` positions. The
+    one rule of every engine."""
+    limit = max_len - 1
     # Terms cut to the limit first: a Python int such as 10**30 fits in no tensor.
-    budgets = src_lengths * min(options.max_len_a, limit) + min(options.max_len_b, limit)
-    return budgets.clamp(0, limit).long()
+    found = src_lengths * min(options.max_len_a, limit) + min(options.max_len_b, limit)
+    return found.clamp(0, limit).long()
+
+
+def _budgets(model: Seq2SeqTransformer, src: Tensor, options: DecodeOptions) -> Tensor:
+    """Padded sources (B, S) -> their budgets (B,) long."""
+    return budgets((src != PAD_ID).sum(1), options, model.config.max_len)
 
 
 @torch.no_grad()

@@ -66,7 +66,7 @@ class Translator:
         if engine not in ENGINES:
             raise ConfigError(f"unknown engine {engine!r}: use {' or '.join(ENGINES)}")
         if quantize is not None and engine != "ctranslate2":
-            raise ConfigError("--quantize applies to the ctranslate2 engine")
+            raise ConfigError("--quantize is for --engine ctranslate2")
         run_dir = Path(run_dir)
         config = RunConfig.load(run_dir)
         if config.task != "translation":
@@ -83,10 +83,12 @@ class Translator:
         placed = pick_device(device)
         if engine == "torch":
             return cls(model, tokenizer, placed)
+        from qkv.export.ctranslate2 import vocabulary
         from qkv.export.engine import CTranslate2Engine, cached_export
 
-        vocabulary = [tokenizer.id_to_token(i) for i in range(tokenizer.vocab_size)]
-        exported = CTranslate2Engine(cached_export(run_dir, quantize), vocabulary, placed)
+        exported = CTranslate2Engine(
+            cached_export(run_dir, quantize), vocabulary(tokenizer), placed
+        )
         return cls(model, tokenizer, placed, exported)
 
     def encode(self, sentences: list[str]) -> list[list[int]]:
