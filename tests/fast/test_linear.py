@@ -123,3 +123,31 @@ def test_rows_past_the_padding_never_reach_the_output() -> None:
     out.backward(torch.ones_like(out))
     assert x.grad is not None and x.grad.shape == x.shape
     torch.testing.assert_close(x.grad, torch.ones(2, 5, 12) @ w.detach(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(("vendor", "expected"), [("GenuineIntel", False), ("AuthenticAMD", True)])
+def test_onednn_is_preferred_off_intel_cpus(
+    vendor: str, expected: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from qkv.fast import linear as onednn
+
+    monkeypatch.undo()  # the fixture's forced choice
+    monkeypatch.setattr(onednn, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(onednn, "onednn_available", lambda: True)
+    onednn.preferred.cache_clear()
+    try:
+        assert onednn.preferred() is expected
+    finally:
+        onednn.preferred.cache_clear()
+
+
+def test_where_mkl_is_preferred_linear_is_f_linear(monkeypatch: pytest.MonkeyPatch) -> None:
+    from qkv.fast import linear as onednn
+
+    monkeypatch.setattr(onednn, "preferred", lambda: False)
+    monkeypatch.setattr(onednn, "_product", None)  # would fail if called
+    torch.manual_seed(0)
+    x, w, b = torch.randn(6, 8), torch.randn(5, 8), torch.randn(5)
+    for a, e in zip(grads(linear, x, w, b), grads(F.linear, x, w, b), strict=True):
+        torch.testing.assert_close(a, e)
+
