@@ -33,6 +33,7 @@ from qkv.fits import typed_section
 from qkv.model.config import ModelConfig
 from qkv.training.checkpoint import atomic_write_text, load_weights
 from qkv.training.config import TrainConfig
+from qkv.training.distributed import is_main
 
 RUN_FORMAT = 1
 T = TypeVar("T")
@@ -61,6 +62,9 @@ class RunConfig:
         }
 
     def save(self, run_dir: Path) -> None:
+        """Writes RUN/config.json (under torchrun, rank 0 alone writes the run)."""
+        if not is_main():
+            return
         run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(run_dir / CONFIG_FILE, json.dumps(self.to_dict(), indent=2) + "\n")
 

@@ -1,15 +1,23 @@
-"""`qkv train`: build configs from a preset, flags and key=value overrides, then train."""
+"""`qkv train`: build configs from a preset, flags and key=value overrides, then train.
+
+Under torchrun (`torchrun --nproc-per-node N -m qkv train ...`) every process runs this, joined
+in one process group (`qkv.training.distributed`); rank 0 alone holds the run's lock, checks
+and writes the run directory, and prints.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 from qkv import overrides
 from qkv.errors import ConfigError
 from qkv.run import CONFIG_FILE, LOCK_FILE, RunConfig, run_lock
+from qkv.training import distributed
 from qkv.training.trainer import Progress
 
 NOT_FOR = {
@@ -31,6 +39,30 @@ DATA_PATHS = ("data_dir", "train_file", "valid_file")
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        with distributed.joined(), _quiet_unless_main():
+            return _run(args)
+    except distributed.RankLost as error:
+        run_dir = Path(args.resume or args.out or "")
+        if not (run_dir / CONFIG_FILE).is_file():
+            raise
+        raise distributed.RankLost(
+            f"{error}; continue from the run's newest checkpoint with: "
+            f"torchrun ... -m qkv train --resume {run_dir}"
+        ) from None
+
+
+@contextlib.contextmanager
+def _quiet_unless_main() -> Iterator[None]:
+    """Under torchrun, the standard output of rank 0 alone (the others' errors still show)."""
+    if distributed.is_main():
+        yield
+        return
+    with open(os.devnull, "w", encoding="utf-8") as null, contextlib.redirect_stdout(null):
+        yield
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.task is not None and "=" in args.task:  # a key=value, not a task
         args.overrides, args.task = [args.task, *args.overrides], None
     if args.resume:
@@ -72,20 +104,17 @@ def run(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{out} is a file; --out names a directory for the run")
     created, had_lock, began = not out.exists(), (out / LOCK_FILE).exists(), False
+    main = distributed.is_main()  # under torchrun, the one process that writes the run
     try:
-        with run_lock(out):  # checked under the lock: another process may be making it
-            if (out / CONFIG_FILE).exists():
-                raise ConfigError(f"{out} already holds a run; continue it with --resume {out}")
-            if foreign := sorted(path.name for path in out.iterdir() if path.name != LOCK_FILE):
-                more = ", ..." if len(foreign) > 3 else ""
-                raise ConfigError(
-                    f"{out} holds files and no run ({', '.join(foreign[:3])}{more}); "
-                    "give a new or empty directory"
-                )
+        with contextlib.ExitStack() as lock:
+            with distributed.main_first():  # rank 0 locks and checks; the others wait
+                if main:
+                    lock.enter_context(run_lock(out))  # checked under the lock: another
+                    _check_new(out)  # process may be making it
             began = True
             return report_done(args.task, out, _train(args, out, values))
     except BaseException:
-        if not (out / CONFIG_FILE).exists():  # no run was saved: remove what this one made
+        if main and not (out / CONFIG_FILE).exists():  # no run saved: remove what this made
             if created:
                 shutil.rmtree(out, ignore_errors=True)
             elif began:  # it was empty: everything in it is this run's
@@ -97,6 +126,18 @@ def run(args: argparse.Namespace) -> int:
             elif not had_lock:
                 (out / LOCK_FILE).unlink(missing_ok=True)
         raise
+
+
+def _check_new(out: Path) -> None:
+    """Refuses an `--out` that holds a run, or other files."""
+    if (out / CONFIG_FILE).exists():
+        raise ConfigError(f"{out} already holds a run; continue it with --resume {out}")
+    if foreign := sorted(path.name for path in out.iterdir() if path.name != LOCK_FILE):
+        more = ", ..." if len(foreign) > 3 else ""
+        raise ConfigError(
+            f"{out} holds files and no run ({', '.join(foreign[:3])}{more}); "
+            "give a new or empty directory"
+        )
 
 
 def _given(args: argparse.Namespace, flags: tuple[str, ...]) -> list[str]:
@@ -136,7 +177,10 @@ def _resume(run_dir: Path, values: dict[str, str]) -> int:
     """Continues a run; training settings (threads, max_minutes, ...) may change, and so may
     the places of its data files, if they moved."""
     run = RunConfig.load(run_dir)
-    with run_lock(run_dir):
+    with contextlib.ExitStack() as lock:
+        with distributed.main_first():  # rank 0 locks the run; the others wait for it
+            if distributed.is_main():
+                lock.enter_context(run_lock(run_dir))
         for key in [key for key in values if key in DATA_PATHS and key in run.data]:
             if not run.data[key]:
                 raise ConfigError(

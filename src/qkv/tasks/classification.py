@@ -29,6 +29,7 @@ from qkv.run import (
     load_tokenizer,
 )
 from qkv.training.config import TrainConfig
+from qkv.training.distributed import is_main, main_first
 from qkv.training.plan import planned
 from qkv.training.speed import pick_device, set_up_process
 from qkv.training.trainer import Progress, Trainer
@@ -290,7 +291,10 @@ def train_classification(
     device = pick_device(train_config.device)  # before any work: a missing GPU fails first
     run_dir.mkdir(parents=True, exist_ok=True)
     set_up_process(train_config)
-    tokenizer, corpora, data = prepare(data, run_dir, tokenizer, train_config.seed)
+    with main_first():  # rank 0 trains the tokenizer and caches the tokens; the others read them
+        if tokenizer is None and not is_main():
+            tokenizer = load_tokenizer(run_dir)
+        tokenizer, corpora, data = prepare(data, run_dir, tokenizer, train_config.seed)
     if not resume:
         model_config = replace(
             model_config,
@@ -316,5 +320,6 @@ def train_classification(
     if resume:
         trainer.resume()
     progress = trainer.train()
-    write_curves(run_dir)
+    if is_main():
+        write_curves(run_dir)
     return progress

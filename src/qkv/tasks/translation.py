@@ -22,6 +22,7 @@ from qkv.model.config import MAX_POSITIONS, ModelConfig
 from qkv.model.seq2seq import Seq2SeqTransformer
 from qkv.run import TOKENIZER_FILE, RunConfig, build_model, data_settings, load_tokenizer
 from qkv.training.config import TrainConfig
+from qkv.training.distributed import is_main, main_first
 from qkv.training.losses import bucket_loss, nonpad_logits, smoothed_cross_entropy
 from qkv.training.plan import planned
 from qkv.training.speed import pick_device, set_up_process
@@ -223,7 +224,10 @@ def train_translation(
     device = pick_device(train_config.device)  # before any work: a missing GPU fails first
     run_dir.mkdir(parents=True, exist_ok=True)
     set_up_process(train_config)
-    tokenizer, corpora, valid_refs = prepare(data, run_dir, tokenizer, model_config.max_len)
+    with main_first():  # rank 0 trains the tokenizer and caches the tokens; the others read them
+        if tokenizer is None and not is_main():
+            tokenizer = load_tokenizer(run_dir)
+        tokenizer, corpora, valid_refs = prepare(data, run_dir, tokenizer, model_config.max_len)
     if not resume:
         model_config = replace(model_config, vocab_size=tokenizer.vocab_size, tgt_vocab_size=None)
     random.seed(train_config.seed)
@@ -245,5 +249,6 @@ def train_translation(
     if resume:
         trainer.resume()
     progress = trainer.train()
-    write_curves(run_dir)
+    if is_main():
+        write_curves(run_dir)
     return progress

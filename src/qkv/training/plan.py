@@ -9,8 +9,9 @@ inside its warm-up learns little), so before training the plan scales them to th
   `max_steps` allows);
 - warm-up: at most `WARMUP_SHARE` of the planned steps, evaluation at least `MIN_EVALS` times.
 
-Settings given explicitly (on the command line) are kept as given. On Multi30k and IMDB the
-presets' own values come out unchanged.
+Under torchrun a step takes `accumulate` batches on each of the processes: a pass has that many
+times fewer steps. Settings given explicitly (on the command line) are kept as given. On
+Multi30k and IMDB the presets' own values come out unchanged.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import math
 from dataclasses import dataclass, replace
 
 from qkv.training.config import TrainConfig
+from qkv.training.distributed import world_size
 
 MIN_BATCHES = 50
 """Batches a pass over the data, at the least (the token budget shrinks to reach it)."""
@@ -45,12 +47,14 @@ class Plan:
     warmup: int
     eval_every: int
     minutes: float  # 0: no time budget
+    processes: int = 1  # under torchrun: each takes its own batches of `max_tokens`
 
     def describe(self) -> str:
         budget = f", within {self.minutes:g} minutes" if self.minutes else ""
+        each = f" on each of {self.processes} processes" if self.processes > 1 else ""
         return (
             f"{self.examples:,} examples, {self.steps:,} steps planned ({self.epochs} epochs of "
-            f"{self.steps_per_epoch:,}, batches of {self.max_tokens:,} tokens), warm-up "
+            f"{self.steps_per_epoch:,}, batches of {self.max_tokens:,} tokens{each}), warm-up "
             f"{self.warmup:,} steps, evaluation every {self.eval_every:,}{budget}"
         )
 
@@ -65,7 +69,8 @@ def plan_training(
     max_tokens = c.max_tokens
     if "max_tokens" not in explicit:
         max_tokens = min(max_tokens, max(MIN_TOKENS, tokens // MIN_BATCHES))
-    per_epoch = max(1, math.ceil(tokens / max_tokens) // c.accumulate)
+    processes = world_size()
+    per_epoch = max(1, math.ceil(tokens / max_tokens) // (c.accumulate * processes))
     epochs = c.max_epochs
     if "max_epochs" not in explicit:
         epochs = max(epochs, math.ceil(MIN_STEPS / per_epoch))
@@ -82,7 +87,16 @@ def plan_training(
         c, max_tokens=max_tokens, max_epochs=epochs, warmup=warmup, eval_every=eval_every
     )
     plan = Plan(
-        examples, tokens, max_tokens, per_epoch, epochs, steps, warmup, eval_every, c.max_minutes
+        examples,
+        tokens,
+        max_tokens,
+        per_epoch,
+        epochs,
+        steps,
+        warmup,
+        eval_every,
+        c.max_minutes,
+        processes,
     )
     return plan, planned
 

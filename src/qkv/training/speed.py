@@ -11,6 +11,7 @@ import torch
 from qkv.errors import ConfigError
 from qkv.fast.compiled import allow
 from qkv.training.config import TrainConfig
+from qkv.training.distributed import launched, local_rank
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
 
@@ -43,9 +44,12 @@ def set_up_process(config: TrainConfig) -> None:
 
 
 def pick_device(name: str) -> torch.device:
-    """The device named: "auto" means CUDA when available, else the CPU."""
+    """The device named: "auto" means CUDA when available, else the CPU. Under torchrun, each
+    rank on a machine takes its own GPU, cuda:LOCAL_RANK."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and launched() and torch.cuda.is_available():
+        name = f"cuda:{local_rank()}"
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(
             f"device {name} asked for, but torch sees no CUDA device (no GPU, or a CPU-only "

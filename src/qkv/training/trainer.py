@@ -21,9 +21,10 @@ from qkv import fast
 from qkv.errors import CheckpointError, ConfigError, QkvError
 from qkv.fits import typed_section
 from qkv.training import checkpoint as ckpt
+from qkv.training import distributed
 from qkv.training.config import TrainConfig
 from qkv.training.graphed import GraphedStep
-from qkv.training.metrics_log import MetricsLog, rank
+from qkv.training.metrics_log import MetricsLog
 from qkv.training.optimizer import adamw
 from qkv.training.task import GraphableTask, TrainingTask
 from qkv.training.verdict import run_warnings
@@ -51,6 +52,7 @@ class Progress:
     bad_steps: int = 0  # non-finite steps in a row
     skipped_steps: int = 0  # non-finite steps in all
     done: bool = False
+    world_size: int = 1  # processes training together (torchrun), each on its own batches
     history: list[dict[str, float]] = field(default_factory=list)
 
 
@@ -116,6 +118,8 @@ def check_progress(directory: Path, record: dict[str, Any]) -> None:
             raise ConfigError(f"progress.{unknown[0]} is unknown")
         if negative := [k for k in COUNTS if isinstance(progress.get(k), int) and progress[k] < 0]:
             raise ConfigError(f"progress.{negative[0]} is {progress[negative[0]]}, below 0")
+        if isinstance(progress.get("world_size"), int) and progress["world_size"] < 1:
+            raise ConfigError(f"progress.world_size is {progress['world_size']}, below 1")
     except ConfigError as error:
         raise CheckpointError(f"{directory / ckpt.STATE_FILE}: corrupt ({error})") from None
 
@@ -137,7 +141,12 @@ class Trainer:
             trainable, device, config.lr, betas, weight_decay=config.weight_decay
         )
         self.graphed: GraphedStep | None = None  # made at the first step, after any resume
-        self.progress = Progress()
+        # Under torchrun: the loss through DistributedDataParallel, which averages gradients.
+        self.world, self.rank = distributed.world_size(), distributed.rank()
+        self.ddp = distributed.data_parallel(task, device) if self.world > 1 else None
+        if self.rank > 0:  # dropout of its own on each rank (the weights came from rank 0)
+            torch.manual_seed(config.seed + self.rank)
+        self.progress = Progress(world_size=self.world)
         self.steps_per_epoch = 1  # known once the first epoch's batches are made
         self.plan = ""  # the line of a new run's plan (`plan.py`), printed as training starts
         self.log = MetricsLog(run_dir / "metrics.jsonl")
@@ -148,17 +157,16 @@ class Trainer:
         return self.checkpoints / f"step-{step:07d}"
 
     def save(self) -> None:
-        if rank() != 0:
-            return
-        rng = {"torch": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state()
-        directory = self.checkpoint_at(self.progress.step)
-        state = {"progress": vars(self.progress)}
-        ckpt.save_checkpoint(directory, self.model, self.optimizer, state, rng)
-        ckpt.prune_checkpoints(
-            self.checkpoints, max(self.config.keep_checkpoints, self.config.average_last)
-        )
+        """A checkpoint of the step, written by rank 0 while the others wait for it."""
+        rng = distributed.rng_states()
+        if distributed.is_main():
+            directory = self.checkpoint_at(self.progress.step)
+            state = {"progress": vars(self.progress)}
+            ckpt.save_checkpoint(directory, self.model, self.optimizer, state, rng)
+            ckpt.prune_checkpoints(
+                self.checkpoints, max(self.config.keep_checkpoints, self.config.average_last)
+            )
+        distributed.barrier()  # no rank ends (on a signal, say) before the checkpoint is written
 
     def resume(self) -> None:
         """Continue from the newest checkpoint that verifies, reporting any bad newer ones."""
@@ -185,15 +193,17 @@ class Trainer:
             group["weight_decay"] = self.config.weight_decay
         try:
             self.progress = Progress(**record["progress"])
-            torch.set_rng_state(rng["torch"])
-            if "cuda" in rng and torch.cuda.is_available():
-                torch.cuda.set_rng_state(rng["cuda"])
+            distributed.restore_rng(rng, self.config.seed)
         except (KeyError, TypeError, RuntimeError) as error:
             raise CheckpointError(f"{directory}: training state unreadable ({error})") from None
         # A run that stopped on its budget goes on when resumed with a larger one.
         c, p = self.config, self.progress
         p.done = self.should_stop() or bool(c.patience and p.evals_since_best >= c.patience)
-        self.log.truncate_after(self.progress.step)
+        if p.world_size != self.world:
+            print(distributed.world_size_note(p.world_size, self.world, c.accumulate))
+            p.world_size = self.world
+        if distributed.is_main():
+            self.log.truncate_after(self.progress.step)
         print(f"resuming from {directory} (step {self.progress.step}, epoch {self.progress.epoch})")
 
     def train(self) -> Progress:
@@ -201,23 +211,27 @@ class Trainer:
         c, p = self.config, self.progress
         parameters = sum(t.numel() for t in self.model.parameters() if t.requires_grad)
         with stop_signals() as received:
-            print(f"training {parameters:,} parameters on {self.device} from step {p.step}")
+            where = f"{self.device}" if self.world == 1 else f"{self.world} processes"
+            print(f"training {parameters:,} parameters on {where} from step {p.step}")
             if self.plan:
                 print(self.plan)
             bar = tqdm(
                 total=c.max_steps or None,
                 initial=p.step,
                 unit="step",
-                disable=None if rank() == 0 else True,
+                disable=None if distributed.is_main() else True,
                 dynamic_ncols=True,
             )
+            # Every rank makes the same batches; a step takes `per_step` of them (`shard`).
+            per_step = c.accumulate * self.world
             while not p.done and p.epoch < c.max_epochs:
                 batches = self.task.batches(p.epoch)
-                self.steps_per_epoch = max(1, len(batches) // c.accumulate)
+                self.steps_per_epoch = max(1, len(batches) // per_step)
                 while p.batch_index < len(batches):
-                    group = batches[p.batch_index : p.batch_index + c.accumulate]
+                    group = batches[p.batch_index : p.batch_index + per_step]
                     stepped = self.step(group, bar)
                     p.batch_index += len(group)
+                    stop = self.agree(received)
                     if stepped and self.should_stop():
                         p.done = True
                         break
@@ -225,22 +239,25 @@ class Trainer:
                     validated = stepped and p.step % c.eval_every == 0
                     if validated:
                         self.validate()
+                        stop = self.agree(received)
                         if p.done:
                             break
-                    if received:
+                    if stop:
                         if not validated:
                             self.save()
-                        raise self.interrupted(received[0], "continue")
+                        raise self.interrupted(stop, "continue")
                 if not p.done:
                     p.epoch, p.batch_index = p.epoch + 1, 0
             bar.close()
             unvalidated = not p.history or p.history[-1]["step"] != p.step
-            if received and unvalidated:  # during the last step: its checkpoint, no validation
+            stop = self.agree(received)
+            if stop and unvalidated:  # during the last step: its checkpoint, no validation
                 self.save()
             elif unvalidated:
                 self.validate()
-            if received:  # before or during the final validation: the averaging is left to do
-                raise self.interrupted(received[0], "finish")
+                stop = self.agree(received)
+            if stop:  # before or during the final validation: the averaging is left to do
+                raise self.interrupted(stop, "finish")
             self.finish()
             self.report_waste()
         return p
@@ -254,15 +271,23 @@ class Trainer:
         found = run_warnings(records, c.warmup, self.task.metric, trivial, p.skipped_steps)
         for warning in found:
             tqdm.write(f"warning: {warning}")
-        if found and rank() == 0:
+        if found and distributed.is_main():
             self.log.write({"split": "warnings", "step": p.step, "warnings": found})
 
     def interrupted(self, reason: str, then: str) -> TrainingInterrupted:
         """The error that ends a run stopped for `reason`, its checkpoint saved."""
+        launcher = "torchrun ... -m " if self.world > 1 else ""  # with its options again
         return TrainingInterrupted(
             f"{reason}: checkpoint saved at step {self.progress.step}; "
-            f"{then} with: qkv train --resume {self.run_dir}"
+            f"{then} with: {launcher}qkv train --resume {self.run_dir}"
         )
+
+    def agree(self, received: list[str]) -> str | None:
+        """Why to stop now, the same on every rank: a signal that any rank received (else
+        None). Under torchrun, the ranks also take the slowest one's training time, so that
+        `max_minutes` ends them all at the same step."""
+        reason, self.progress.elapsed = distributed.agree_stop(received, self.progress.elapsed)
+        return reason
 
     def should_stop(self) -> bool:
         c, p = self.config, self.progress
@@ -291,7 +316,8 @@ class Trainer:
         start = time.perf_counter()
         self.model.train()
         lr = self.learning_rate(p.step + 1)
-        total = sum(self.task.n_targets(b) for b in group)
+        group = distributed.padded(group, self.world)
+        total = sum(self.task.n_targets(b) for b in group)  # of every rank's batches
         # With clipping off, an infinite max_norm still measures the norm (and scales by 1).
         max_norm = c.clip_norm if c.clip_norm > 0 else math.inf
         graphed = self.graphed_step(max_norm)
@@ -300,7 +326,8 @@ class Trainer:
             loss_t, norm_t = graphed.step(self.task.padded_inputs(group[0], self.device), lr)
             loss_sum, norm, stats = float(loss_t), float(norm_t), dict[str, float]()
         else:
-            loss_sum, norm, stats = self.accumulate(group, lr, total, max_norm)
+            mine = distributed.shard(group, self.rank, self.world)
+            loss_sum, norm, stats = self.accumulate(mine, lr, total, max_norm)
         if not (math.isfinite(loss_sum) and math.isfinite(norm)):
             self.count_bad_step()
             return False
@@ -315,24 +342,42 @@ class Trainer:
     def accumulate(
         self, group: Sequence[Any], lr: float, total: int, max_norm: float
     ) -> tuple[float, float, dict[str, float]]:
-        """The step over every batch of `group`, on the mean loss per target, unless the loss or
-        the gradient is not finite; returns the summed loss, the gradient norm before clipping
-        and the task's summed extra statistics."""
+        """The step over every batch of `group` (this rank's), on the mean loss per target of
+        the `total` targets of all ranks, unless the loss or the gradient is not finite;
+        returns the summed loss, the gradient norm before clipping and the task's summed extra
+        statistics, all of every rank."""
         for param_group in self.optimizer.param_groups:
             param_group["lr"] = lr
         loss_sum, stats = 0.0, dict[str, float]()
-        for batch in group:
-            with self.autocast():
-                loss, extra = self.task.loss(batch, self.device)
-            (loss / max(total, 1)).backward()
+        # DDP averages the ranks' gradients; each divides by total / world, so that the
+        # average is the gradient of (every rank's summed loss) / total, as in one process.
+        scale = max(total, 1) / self.world
+        for i, batch in enumerate(group):
+            with self.no_sync(i < len(group) - 1):
+                with self.autocast():
+                    loss, extra = self.forward(batch)
+                (loss / scale).backward()
             loss_sum += float(loss.detach())
             for key, value in extra.items():
                 stats[key] = stats.get(key, 0.0) + value
         norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        loss_sum, stats = distributed.summed(loss_sum, stats)
         if math.isfinite(loss_sum) and math.isfinite(norm):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss_sum, norm, stats
+
+    def forward(self, batch: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        """The task's summed loss of `batch` and its statistics, through DDP under torchrun."""
+        if self.ddp is not None:
+            return self.ddp(batch)
+        return self.task.loss(batch, self.device)
+
+    def no_sync(self, skip: bool) -> contextlib.AbstractContextManager[Any]:
+        """Under DDP with `skip`: gradients kept on this rank (all but a step's last batch)."""
+        if self.ddp is not None and skip:
+            return self.ddp.no_sync()
+        return contextlib.nullcontext()
 
     def count_bad_step(self) -> None:
         """Warn of a skipped step; stop the run after `max_bad_steps` of them in a row."""
@@ -369,7 +414,7 @@ class Trainer:
             "elapsed_s": p.elapsed,
         }
         self.log.write(record | stats)
-        if bar.disable and rank() == 0:  # no bar (a log file, a pipe): a line instead
+        if bar.disable and distributed.is_main():  # no bar (a log file, a pipe): a line instead
             print(
                 f"step {p.step} train: loss {loss:.3f}, lr {lr:.2e}, "
                 f"{targets_per_s:.0f} targets/s, epoch {p.epoch}",
@@ -378,12 +423,14 @@ class Trainer:
 
     def graphed_step(self, max_norm: float) -> GraphedStep | None:
         """The CUDA-graph step where it applies: on a CUDA device with `cuda_graphs`, one
-        batch per step, and a task that can pad its batches to fixed shapes."""
+        batch per step, one process (no DDP, whose gradient hooks a graph cannot replay), and
+        a task that can pad its batches to fixed shapes."""
         c = self.config
         if (
             self.device.type != "cuda"
             or not c.cuda_graphs
             or c.accumulate != 1
+            or self.ddp is not None
             or not isinstance(self.task, GraphableTask)
         ):
             return None
@@ -409,13 +456,14 @@ class Trainer:
     def validate(self) -> None:
         """Validate, log, keep the best weights, checkpoint, and apply early stopping."""
         c, p = self.config, self.progress
-        metrics = self.evaluate()
+        # Rank 0 validates while the others wait for its metrics, on which all then act alike.
+        metrics = distributed.from_main(self.evaluate() if distributed.is_main() else {})
         value = metrics[self.task.metric]
         self.log.write({"split": "valid", "step": p.step, "epoch": p.epoch, **metrics})
         p.history.append({"step": p.step, **metrics})
         if value > p.best:
             p.best, p.best_step, p.evals_since_best = value, p.step, 0
-            if rank() == 0:
+            if distributed.is_main():
                 ckpt.save_weights(self.model, self.run_dir / "model.safetensors")
         else:
             p.evals_since_best += 1
@@ -429,7 +477,7 @@ class Trainer:
     def finish(self) -> None:
         """Try the average of the last k checkpoints; keep it if it validates better."""
         c, p = self.config, self.progress
-        if not c.average_last or rank() != 0:
+        if not c.average_last or not distributed.is_main():
             return
         last = ckpt.list_checkpoints(self.checkpoints)[-c.average_last :]
         found, problems = ckpt.good_checkpoints(last)

@@ -1,0 +1,282 @@
+"""Data-parallel training under torchrun: the process group, what the ranks agree on, and each
+rank's share of a step's batches.
+
+torchrun starts one process a rank with WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR and
+MASTER_PORT in its environment; `joined` sees them and joins the group (gloo on CPUs, NCCL for
+CUDA tensors). Without them (or with one process) every function here is a no-op that answers
+for a single process, so the trainer has one code path.
+
+Every rank builds the same global list of batches (same seed, same epoch); a step takes the
+next `accumulate x world` of them and rank r trains on every world-th one from r (`shard`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+
+from qkv.errors import ConfigError, QkvError
+from qkv.training.task import TrainingTask
+
+TIMEOUT_ENV = "QKV_DIST_TIMEOUT"
+"""Seconds a rank waits for the others in one collective before giving up on them."""
+DEFAULT_TIMEOUT = 1800.0
+STOPS = ("SIGINT received", "SIGTERM received", "stdout closed")
+"""The reasons to stop that the trainer's `stop_signals` records."""
+T = TypeVar("T")
+
+
+class RankLost(QkvError):
+    """Another rank of the run died or stopped answering."""
+
+
+class MainFailed(QkvError):
+    """Rank 0 failed in work that the other ranks were waiting for."""
+
+
+def launched() -> bool:
+    """Whether torchrun (or a launcher like it) started this process as one of several."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def world_size() -> int:
+    """Processes in the run (1 when not distributed)."""
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def rank() -> int:
+    """This process's rank in the run (0 when not distributed)."""
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def is_main() -> bool:
+    """Whether this process is the one that logs, evaluates and writes the run (rank 0)."""
+    return rank() == 0
+
+
+def local_rank() -> int:
+    """This process's index on its machine: the GPU it uses."""
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def timeout() -> datetime.timedelta:
+    """How long a collective waits: QKV_DIST_TIMEOUT seconds (default 30 minutes)."""
+    text = os.environ.get(TIMEOUT_ENV, "")
+    try:
+        seconds = float(text) if text else DEFAULT_TIMEOUT
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < 10**7:
+        raise ConfigError(f"{TIMEOUT_ENV}={text!r}: give a number of seconds above 0")
+    return datetime.timedelta(seconds=seconds)
+
+
+def is_lost(error: BaseException) -> bool:
+    """Whether `error` is a collective that failed: a peer gone, or a timeout."""
+    return isinstance(error, dist.DistError) or (
+        isinstance(error, RuntimeError) and "gloo" in str(error)
+    )
+
+
+def lost_message(error: BaseException) -> str:
+    """One line on a failed collective, for `RankLost`."""
+    first = (str(error).strip().splitlines() or [""])[0]
+    reason = first.split("] ", 1)[-1].split(". ")[0][:200]  # gloo starts with its source file
+    return (
+        f"rank {rank()}: another process of the run died or stopped answering "
+        f"({reason or type(error).__name__})"
+    )
+
+
+@contextlib.contextmanager
+def joined() -> Iterator[None]:
+    """This process in the run's process group for the block, when torchrun started several
+    (else nothing); a failed collective leaves the block as `RankLost`."""
+    if not launched():
+        yield
+        return
+    cuda = torch.cuda.is_available() and dist.is_nccl_available()
+    if cuda and local_rank() < torch.cuda.device_count():
+        torch.cuda.set_device(local_rank())
+    backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
+    try:
+        dist.init_process_group(backend, timeout=timeout())
+    except ValueError as error:  # MASTER_ADDR or another of torchrun's variables missing
+        raise ConfigError(
+            f"WORLD_SIZE is {os.environ['WORLD_SIZE']}, but {str(error).splitlines()[0]}: "
+            "start the processes with torchrun"
+        ) from None
+    except RuntimeError as error:
+        raise RankLost(f"cannot join the run's processes: {str(error).splitlines()[0]}") from None
+    try:
+        yield
+    except RuntimeError as error:
+        if is_lost(error):
+            raise RankLost(lost_message(error)) from None
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def main_first() -> Iterator[None]:
+    """Rank 0 runs the block first (tokenizer training, the token cache, the run's lock)
+    while the others wait; then they run it, unless it failed on rank 0 (`MainFailed`)."""
+    if world_size() == 1:
+        yield
+        return
+    if is_main():
+        try:
+            yield
+        except BaseException:
+            broadcast_flag(False)
+            raise
+        broadcast_flag(True)
+        return
+    if not broadcast_flag(False):
+        raise MainFailed("rank 0 stopped (its message says why); this rank stops too")
+    yield
+
+
+def broadcast_flag(flag: bool) -> bool:
+    """Rank 0's `flag`, on every rank."""
+    tensor = torch.tensor([int(flag)])
+    dist.broadcast(tensor, src=0)
+    return bool(tensor.item())
+
+
+def from_main(value: T) -> T:
+    """Rank 0's `value` (anything picklable), on every rank."""
+    if world_size() == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0, device=torch.device("cpu"))
+    return box[0]
+
+
+def gather_floats(values: Sequence[float]) -> Tensor:
+    """Every rank's `values`, as rows of a (world, len(values)) float64 tensor."""
+    mine = torch.tensor(list(values), dtype=torch.float64)
+    if world_size() == 1:
+        return mine[None]
+    rows = [torch.empty_like(mine) for _ in range(world_size())]
+    dist.all_gather(rows, mine)
+    return torch.stack(rows)  # (W, len(values))
+
+
+def gather_tensors(tensor: Tensor) -> list[Tensor]:
+    """Every rank's `tensor` (same shape and dtype on all, on the CPU), in rank order."""
+    if world_size() == 1:
+        return [tensor]
+    rows = [torch.empty_like(tensor) for _ in range(world_size())]
+    dist.all_gather(rows, tensor)
+    return rows
+
+
+def agree_stop(received: list[str], elapsed: float) -> tuple[str | None, float]:
+    """Why to stop, the same on every rank: the first signal a rank received (`STOPS`), or
+    None; and the slowest rank's training time `elapsed`."""
+    if world_size() == 1:
+        return (received[0] if received else None), elapsed
+    code = (STOPS.index(received[0]) + 1 if received[0] in STOPS else 1) if received else 0
+    rows = gather_floats([code, elapsed])  # (W, 2)
+    stopping = [r for r in range(world_size()) if rows[r, 0] > 0]
+    slowest = float(rows[:, 1].max())
+    if not stopping:
+        return None, slowest
+    if received:
+        return received[0], slowest
+    signal = STOPS[int(rows[stopping[0], 0]) - 1].removesuffix(" received")
+    return f"{signal} received by rank {stopping[0]}", slowest
+
+
+def summed(loss_sum: float, stats: dict[str, float]) -> tuple[float, dict[str, float]]:
+    """A step's summed loss and statistics over every rank."""
+    if world_size() == 1:
+        return loss_sum, stats
+    keys = sorted(stats)
+    totals = gather_floats([loss_sum, *(stats[k] for k in keys)]).sum(0)
+    return float(totals[0]), {k: float(v) for k, v in zip(keys, totals[1:], strict=True)}
+
+
+def rng_states() -> dict[str, Tensor]:
+    """The random generators' states for a checkpoint: "torch" and "cuda" of rank 0, then
+    "torch.rank1", "cuda.rank1", ... of the other ranks."""
+    mine = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        mine["cuda"] = torch.cuda.get_rng_state()
+    return {
+        name if r == 0 else f"{name}.rank{r}": state
+        for name, tensor in mine.items()
+        for r, state in enumerate(gather_tensors(tensor))
+    }
+
+
+def restore_rng(rng: dict[str, Tensor], seed: int) -> None:
+    """This rank's generators as `rng_states` saved them; a rank that the saved run did not
+    have seeds its own from `seed`."""
+    suffix = f".rank{rank()}" if rank() else ""
+    if f"torch{suffix}" not in rng:
+        torch.manual_seed(seed + rank())
+        return
+    torch.set_rng_state(rng[f"torch{suffix}"])
+    if f"cuda{suffix}" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state(rng[f"cuda{suffix}"])
+
+
+def world_size_note(saved: int, now: int, accumulate: int) -> str:
+    """What changes when a run is resumed by another number of processes."""
+    return (
+        f"note: the checkpoint was trained by {saved} process(es), this run has {now}: a step "
+        f"now takes {accumulate * now} batches (was {accumulate * saved}), so the effective "
+        f"batch is {now / saved:.3g} times what it was and an epoch has {saved / now:.3g} "
+        "times the steps; the data order and the learning-rate schedule (by steps) stay"
+    )
+
+
+def barrier() -> None:
+    """Wait until every rank is here (a CPU collective, as all of these: gloo's)."""
+    if world_size() > 1:
+        dist.all_reduce(torch.zeros(1))
+
+
+def padded(group: Sequence[T], world: int) -> list[T]:
+    """A step's batches repeated from its start up to a multiple of `world`, so that every
+    rank gets as many (only an epoch's last step can be short)."""
+    count = -(-len(group) // world) * world
+    return [group[i % len(group)] for i in range(count)]
+
+
+def shard(group: Sequence[T], rank: int, world: int) -> list[T]:
+    """Rank `rank`'s batches of the step `group` (already `padded`)."""
+    return list(group[rank::world])
+
+
+class _TaskLoss(nn.Module):
+    """A task's loss as a module, so that DistributedDataParallel's forward runs it (its
+    gradient hooks only work for a forward that goes through it)."""
+
+    def __init__(self, task: TrainingTask, device: torch.device) -> None:
+        super().__init__()
+        self.model = task.model  # registers the parameters that DDP synchronises
+        self.task, self.device = task, device
+
+    def forward(self, batch: Any) -> tuple[Tensor, dict[str, float]]:
+        return self.task.loss(batch, self.device)
+
+
+def data_parallel(task: TrainingTask, device: torch.device) -> DistributedDataParallel:
+    """The task's loss wrapped for data-parallel training; rank 0's weights go to all ranks."""
+    ids = [device] if device.type == "cuda" else None
+    # The buffers (position tables) are the same on every rank: synchronised at the start only.
+    return DistributedDataParallel(
+        _TaskLoss(task, device), device_ids=ids, forward_sync_buffers=False
+    )
