@@ -41,7 +41,8 @@ def cached_export(run_dir: Path, quantize: str | None) -> Path:
 
 class CTranslate2Engine:
     """A `ctranslate2.Translator` on an exported model, fed qkv token ids. On a CPU it holds
-    one replica a worker thread (as qkv's own workers), each on its share of the threads."""
+    one replica a worker thread (as qkv's own workers), each on its share of the threads, and
+    every call's sentences are shared out among the replicas."""
 
     def __init__(self, model_dir: Path, vocabulary: list[str], device: torch.device) -> None:
         ct2 = import_ctranslate2()
@@ -49,6 +50,7 @@ class CTranslate2Engine:
         self.index = {token: i for i, token in enumerate(vocabulary)}
         self.max_len = int(json.loads((model_dir / NOTE_FILE).read_text())["max_len"])
         replicas = auto_workers(0, device)
+        self.replicas = replicas
         self.translator = ct2.Translator(
             str(model_dir),
             device=device.type,
@@ -93,6 +95,7 @@ class CTranslate2Engine:
     def _submit(self, sources: list[list[int]], budget: int, options: DecodeOptions) -> Any:
         tokens = [[self.vocabulary[i] for i in s] for s in sources]
         common: dict[str, Any] = {
+            "max_batch_size": -(-len(sources) // self.replicas),  # a share for every replica
             "max_decoding_length": budget,
             "asynchronous": True,
             "return_scores": True,

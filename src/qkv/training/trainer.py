@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
-import signal
-import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from types import FrameType
-from typing import Any, TextIO
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -26,6 +22,7 @@ from qkv.training.config import TrainConfig
 from qkv.training.graphed import GraphedStep
 from qkv.training.metrics_log import MetricsLog
 from qkv.training.optimizer import adamw
+from qkv.training.signals import stop_signals
 from qkv.training.task import GraphableTask, TrainingTask
 from qkv.training.verdict import run_warnings
 
@@ -54,59 +51,6 @@ class Progress:
     done: bool = False
     world_size: int = 1  # processes training together (torchrun), each on its own batches
     history: list[dict[str, float]] = field(default_factory=list)
-
-
-@contextlib.contextmanager
-def stop_signals() -> Iterator[list[str]]:
-    """Record SIGINT/SIGTERM, and a reader of stdout that goes away (`qkv train | head`),
-    instead of dying where the run stands; the trainer checks the list after each step."""
-    received: list[str] = []
-
-    def handler(signum: int, _frame: FrameType | None) -> None:
-        received.append(f"{signal.Signals(signum).name} received")
-
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    stdout = sys.stdout
-    sys.stdout = _PipeGuard(stdout, received)
-    try:
-        yield received
-    finally:
-        sys.stdout = stdout
-        for s, h in previous.items():
-            signal.signal(s, h)
-
-
-class _PipeGuard:
-    """A text stream that takes a closed pipe as a request to stop, recorded in `received`;
-    later output goes to the null device, so that neither the run nor Python's exit fails."""
-
-    def __init__(self, stream: TextIO, received: list[str]) -> None:
-        self._stream, self._received = stream, received
-
-    def write(self, text: str) -> int:
-        try:
-            return self._stream.write(text)
-        except BrokenPipeError:
-            self._closed()
-            return len(text)
-
-    def flush(self) -> None:
-        try:
-            self._stream.flush()
-        except BrokenPipeError:
-            self._closed()
-
-    def _closed(self) -> None:
-        if "stdout closed" in self._received:
-            return
-        self._received.append("stdout closed")
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, self._stream.fileno())
-            os.close(devnull)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
 
 
 def check_progress(directory: Path, record: dict[str, Any]) -> None:
