@@ -159,3 +159,16 @@ def classification_preset(name: str) -> tuple[ModelConfig, TrainConfig, Classifi
             f"unknown classification preset {name!r}; choose from {', '.join(presets)}"
         )
     return presets[name]
+
+
+SMALL_DATA = 20_000
+"""Labelled texts below which a classification run without a preset regularises more."""
+
+
+def fitted_classification(examples: int) -> dict[str, str]:
+    """What a classification run without a preset changes in `strong` for a training file of
+    `examples` texts: on fewer than `SMALL_DATA` (the preset was tuned on IMDB's 25,000), a
+    smaller vocabulary, more dropout and weight decay, against over-fitting."""
+    if examples >= SMALL_DATA:
+        return {}
+    return {"vocab_size": "4000", "dropout": "0.3", "weight_decay": "0.1"}

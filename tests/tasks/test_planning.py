@@ -33,6 +33,11 @@ def test_a_run_without_a_preset_plans_from_the_data(
     assert train_config["warmup"] == 36 and train_config["eval_every"] == 12
     assert train_config["max_tokens"] < 32 * 512  # at least 50 batches a pass
     assert sum(1 for r in records(run) if r["split"] == "valid") >= 5
+    # Small data: more regularisation than `strong`; the vocabulary given on the line is kept.
+    assert "no preset: strong, fitted to 300 texts: dropout=0.3 weight_decay=0.1" in out
+    config = json.loads((run / "config.json").read_text())
+    assert config["model"]["dropout"] == 0.3 and train_config["weight_decay"] == 0.1
+    assert config["data"]["vocab_size"] == 200
 
 
 def test_a_run_that_ends_in_its_warm_up_says_so(

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from qkv.presets import classification_preset, translation_preset
+from qkv.presets import (
+    SMALL_DATA,
+    classification_preset,
+    fitted_classification,
+    translation_preset,
+)
 from qkv.training.plan import MIN_EVALS, MIN_STEPS, WARMUP_SHARE, plan_training
 
 MULTI30K = (29_000, 29_000 * 16)  # examples, padded tokens of a pass
@@ -57,3 +62,9 @@ def test_max_steps_bounds_the_plan() -> None:
     plan, _ = plan_training(config.__class__(**{**config.to_dict(), "max_steps": 40}), 400, 4000)
     assert plan.steps == 40
     assert plan.warmup <= 24 and plan.eval_every <= 8
+
+
+def test_only_small_classification_data_is_fitted() -> None:
+    assert fitted_classification(SMALL_DATA) == {}  # IMDB's 25,000 reviews: `strong` as it is
+    small = fitted_classification(7000)
+    assert int(small["vocab_size"]) < 16000 and float(small["dropout"]) > 0.2

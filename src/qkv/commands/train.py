@@ -169,7 +169,16 @@ def _train(args: argparse.Namespace, out: Path, values: dict[str, str]) -> Progr
     labelled.train_file, labelled.valid_file = args.train, args.valid or ""
     if args.valid_fraction is not None:
         labelled.valid_fraction = args.valid_fraction
-    labelled, model, train = overrides.apply_all(labelled, model, train, values)
+    fitted: dict[str, str] = {}
+    if args.preset is None:
+        examples = len(labelled.read(labelled.train_file)[0])
+        fitted = {
+            k: v for k, v in presets.fitted_classification(examples).items() if k not in values
+        }
+        if fitted:
+            settings = " ".join(f"{k}={v}" for k, v in fitted.items())
+            print(f"no preset: strong, fitted to {examples:,} texts: {settings}")
+    labelled, model, train = overrides.apply_all(labelled, model, train, {**fitted, **values})
     return train_classification(labelled, model, train, out, explicit=frozenset(values))
 
 
