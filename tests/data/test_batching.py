@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -14,6 +15,7 @@ from qkv.data.batching import (
     pad_to_bucket,
     pair_lengths,
     target_rows,
+    token_budget_arrays,
     token_budget_batches,
     truncate,
 )
@@ -181,3 +183,11 @@ def test_target_rows_list_every_real_target_once_then_filler() -> None:
     assert torch.equal(labels.reshape(-1)[rows[:5]], row_labels[:5])
     rows, row_labels = target_rows(torch.full((2, 3), PAD_ID), multiple=4)
     assert rows.numel() == 4 and (row_labels == PAD_ID).all()
+
+
+def test_index_arrays_are_the_batches_in_a_few_bytes_an_example() -> None:
+    lengths = random_lengths()
+    arrays = token_budget_arrays(np.array(lengths, np.int32), 500, shuffle=True, seed=1, epoch=2)
+    assert all(batch.dtype == np.int32 for batch in arrays)
+    lists = token_budget_batches(lengths, 500, shuffle=True, seed=1, epoch=2)
+    assert [batch.tolist() for batch in arrays] == lists

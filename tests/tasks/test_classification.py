@@ -31,3 +31,16 @@ def test_a_label_lost_to_the_held_out_share_is_named_as_such(tmp_path: Path) -> 
     data = ClassificationData(train_file=str(path), valid_fraction=0.5, vocab_size=50)
     with pytest.raises(DataError, match="once the validation share is held out"):
         prepare(data, tmp_path / "run", None, seed=0)
+
+
+def test_training_tokens_are_read_from_the_cache(tmp_path: Path) -> None:
+    path = tmp_path / "reviews.jsonl"
+    rows = [{"text": f"review {i} " + "good " * (i % 5), "label": i % 2} for i in range(30)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    data = ClassificationData(train_file=str(path), vocab_size=60, min_frequency=1, max_len=4)
+    _, corpora, data = prepare(data, tmp_path / "run", None, seed=0)
+    assert corpora["train.ids"].on_disk and len(corpora["train.ids"]) == 27
+    assert corpora["train.ids"].lengths.max() <= 4  # truncated to max_len
+    assert len(corpora["valid.ids"]) == len(corpora["valid.labels"]) == 3
+    labels = [*corpora["train.labels"].flat().tolist(), *corpora["valid.labels"].flat().tolist()]
+    assert sorted(labels) == [0] * 15 + [1] * 15

@@ -4,18 +4,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from qkv.data.cache import CACHE_FILE
+from qkv.data.token_array import TokenArray
 from qkv.errors import ConfigError, DataError
 from qkv.model.config import ModelConfig
 from qkv.model.seq2seq import Seq2SeqTransformer
 from qkv.run import build_model
-from qkv.tasks.translation import TranslationData, prepare
+from qkv.tasks.translation import TranslationData, TranslationTask, prepare
+from qkv.training.config import TrainConfig
+from tests.model.helpers import tiny_config
 
 GOOD = Path(__file__).resolve().parents[1] / "corpus" / "translation" / "good"
 
 
-@pytest.mark.parametrize(("field", "value"), [("valid_sentences", -200), ("max_len", 0)])
+@pytest.mark.parametrize(
+    ("field", "value"), [("valid_sentences", -200), ("max_len", 0), ("tokenizer_sample", -1)]
+)
 def test_settings_out_of_range(field: str, value: int) -> None:
     with pytest.raises(ConfigError, match=field):
         TranslationData(data_dir=str(GOOD), **{field: value})
@@ -31,3 +38,30 @@ def test_a_model_its_class_refuses_is_a_config_error() -> None:
     config = ModelConfig(d_model=16, n_heads=2, d_ff=32, vocab_size=50, n_decoder_layers=0)
     with pytest.raises(ConfigError, match="n_decoder_layers >= 1"):
         build_model(Seq2SeqTransformer, config)
+
+
+def test_training_tokens_are_read_from_the_cache_not_held_in_memory(tmp_path: Path) -> None:
+    data = TranslationData(data_dir=str(GOOD), vocab_size=100, min_frequency=1)
+    tokenizer, corpora, refs = prepare(data, tmp_path, None, 256)
+    task = TranslationTask(
+        Seq2SeqTransformer(tiny_config()), tokenizer, corpora, refs, TrainConfig(max_tokens=64)
+    )
+    assert isinstance(task.src, TokenArray) and task.src.on_disk and task.tgt.on_disk
+    assert len(task.src) == 40 and isinstance(task.valid_src, list)
+    batches = task.batches(0)
+    assert all(isinstance(batch, np.ndarray) for batch in batches)
+    assert sorted(i for batch in batches for i in batch.tolist()) == list(range(40))
+    lines = (GOOD / "train.de").read_text(encoding="utf-8").splitlines()
+    assert task.src.tolist() == tokenizer.encode_batch(lines)
+
+
+def test_a_resumed_run_rebuilds_a_cache_cut_short(tmp_path: Path) -> None:
+    data = TranslationData(data_dir=str(GOOD), vocab_size=100, min_frequency=1)
+    tokenizer, corpora, _ = prepare(data, tmp_path, None, 256)
+    expected = {name: rows.tolist() for name, rows in corpora.items()}
+    cache = tmp_path / CACHE_FILE
+    whole = cache.read_bytes()
+    cache.write_bytes(whole[: len(whole) // 2])
+    _, corpora, _ = prepare(data, tmp_path, tokenizer, 256)
+    assert {name: rows.tolist() for name, rows in corpora.items()} == expected
+    assert cache.read_bytes() == whole

@@ -19,6 +19,7 @@ from qkv.data.special import BOS_ID, CLS_ID, EOS_ID, PAD_ID
 
 SHUFFLE_SEED_STRIDE = 100003  # prime: distinct (seed, epoch) pairs give distinct RNG seeds
 _B = TypeVar("_B", bound="_Batch")
+Row = Sequence[int] | np.ndarray  # one sequence of token ids: a list, or an int array (L,)
 
 
 @dataclass(frozen=True)
@@ -54,14 +55,14 @@ class TextBatch(_Batch):
     labels: torch.Tensor  # (B,) class indices
 
 
-def collate_pairs(src: Sequence[list[int]], tgt: Sequence[list[int]]) -> PairBatch:
+def collate_pairs(src: Sequence[Row], tgt: Sequence[Row]) -> PairBatch:
     """Pads B non-empty sources and B targets (no special tokens) into a `PairBatch` whose
     `tgt_in` is `[BOS] + tgt` and whose `labels` are `tgt + [EOS]`."""
     if len(src) != len(tgt):
         raise ValueError(f"{len(src)} sources but {len(tgt)} targets")
     if not src:
         raise ValueError("cannot collate an empty batch")
-    empty = next((row for row, ids in enumerate(src) if not ids), None)
+    empty = next((row for row, ids in enumerate(src) if len(ids) == 0), None)
     if empty is not None:
         raise ValueError(f"source sequence {empty} of the batch is empty")
     return PairBatch(
@@ -119,7 +120,7 @@ def pad_ids(ids: torch.Tensor, batch_size: int, length: int) -> torch.Tensor:
     return out
 
 
-def collate_texts(ids: Sequence[list[int]], labels: Sequence[int], cls: bool = False) -> TextBatch:
+def collate_texts(ids: Sequence[Row], labels: Sequence[int], cls: bool = False) -> TextBatch:
     """Pads B texts (no special tokens, CLS put first with `cls`) and their B class indices
     into a `TextBatch`."""
     if len(ids) != len(labels):
@@ -141,22 +142,35 @@ def pair_lengths(src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]]) -> 
 
 
 def token_budget_batches(
-    lengths: Sequence[int], max_tokens: int, *, shuffle: bool, seed: int, epoch: int
+    lengths: Sequence[int] | np.ndarray, max_tokens: int, *, shuffle: bool, seed: int, epoch: int
 ) -> list[list[int]]:
     """Groups the indices of `lengths` (padded) into batches of similar length such that
     `len(batch) * max(lengths in batch) <= max_tokens`, or of one example over the budget.
     With `shuffle` (training), ties in length and the batch order are random, drawn from
     (seed, epoch) alone; without it (evaluation), batches follow length order."""
+    arrays = token_budget_arrays(lengths, max_tokens, shuffle=shuffle, seed=seed, epoch=epoch)
+    return [batch.tolist() for batch in arrays]
+
+
+def token_budget_arrays(
+    lengths: Sequence[int] | np.ndarray, max_tokens: int, *, shuffle: bool, seed: int, epoch: int
+) -> list[np.ndarray]:
+    """`token_budget_batches` as arrays of indices, views of one int32 array: for a corpus of
+    millions of examples, a few bytes per example instead of a Python int each."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
     rng = random.Random(seed * SHUFFLE_SEED_STRIDE + epoch)
-    sizes = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    sizes = np.asarray(lengths).reshape(-1)
+    if sizes.dtype.kind not in "iu":
+        sizes = sizes.astype(np.int64)
     if shuffle:
         tie_breaks = np.random.default_rng(rng.getrandbits(64)).random(len(sizes))
         order = np.lexsort((tie_breaks, sizes))  # by length, then by random key
+        del tie_breaks
     else:
         order = np.argsort(sizes, kind="stable")
-    batches = _cut(sizes[order].tolist(), order.tolist(), max_tokens)
+    order = order.astype(np.int32 if len(order) < 2**31 else np.int64)
+    batches = _cut(sizes[order], order, max_tokens)
     if shuffle:
         rng.shuffle(batches)
     return batches
@@ -175,17 +189,17 @@ def truncate(ids: list[int], max_len: int, head_tail: bool = False) -> list[int]
     return ids[:head] + ids[len(ids) - (max_len - head) :]
 
 
-def _cut(sorted_lengths: list[int], indices: list[int], max_tokens: int) -> list[list[int]]:
+def _cut(sorted_lengths: np.ndarray, indices: np.ndarray, max_tokens: int) -> list[np.ndarray]:
     """Greedy cut of length-sorted examples; each batch found by binary search on its end."""
-    batches: list[list[int]] = []
+    batches: list[np.ndarray] = []
     start, n = 0, len(indices)
     while start < n:
-        cap = max(max_tokens // max(sorted_lengths[start], 1), 1)
+        cap = max(max_tokens // max(int(sorted_lengths[start]), 1), 1)
         # (end - start) * sorted_lengths[end - 1] grows with end: the last end in budget.
         low, high = start + 1, min(n, start + cap)
         while low < high:
             middle = (low + high + 1) // 2
-            if (middle - start) * sorted_lengths[middle - 1] <= max_tokens:
+            if (middle - start) * int(sorted_lengths[middle - 1]) <= max_tokens:
                 low = middle
             else:
                 high = middle - 1
@@ -194,9 +208,7 @@ def _cut(sorted_lengths: list[int], indices: list[int], max_tokens: int) -> list
     return batches
 
 
-def _pad_rows(
-    rows: Sequence[Sequence[int]], first: int | None = None, last: int | None = None
-) -> np.ndarray:
+def _pad_rows(rows: Sequence[Row], first: int | None = None, last: int | None = None) -> np.ndarray:
     """Rows framed by `first` and `last` (if given), right-padded with PAD: an int64 array."""
     offset = int(first is not None)
     lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
@@ -205,7 +217,10 @@ def _pad_rows(
     columns = np.arange(width)
     filled = (columns >= offset) & (columns < lengths[:, None] + offset)  # (rows, width)
     total = int(lengths.sum())
-    padded[filled] = np.fromiter(chain.from_iterable(rows), dtype=np.int64, count=total)
+    if rows and isinstance(rows[0], np.ndarray):
+        padded[filled] = np.concatenate(rows)
+    else:
+        padded[filled] = np.fromiter(chain.from_iterable(rows), dtype=np.int64, count=total)
     if first is not None:
         padded[:, 0] = first
     if last is not None:

@@ -5,37 +5,33 @@ a file is a `DataError` naming the file and, where it applies, the 1-based line.
 from __future__ import annotations
 
 import csv
-import gzip
 import io
 import json
 import unicodedata
-import zlib
 from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
 
+from qkv.data.lines import (
+    A_DIRECTORY,
+    CR_ALONE,
+    GZIP_MAGIC,
+    NO_FILE,
+    count_lines,
+    decode_utf8,
+    gunzip,
+    is_blank,
+    line_chunks,
+)
 from qkv.errors import DataError
 
-GZIP_MAGIC = b"\x1f\x8b"
 LABELLED_FORMATS = (".jsonl", ".json", ".csv", ".tsv")
-NO_FILE, A_DIRECTORY = "no such file", "is a directory, expected a file"
 FIELD_SIZE_LIMIT = 2**31 - 1  # the longest CSV or TSV field read (the csv default is 131,072)
 
 
 def read_lines(path: str | Path, *, allow_empty: bool = False) -> list[str]:
-    """The lines of a UTF-8 text file, optionally gzipped, split as by `split_lines`; a
-    blank line (see `is_blank`) is a DataError unless `allow_empty`."""
-    lines = split_lines(_read_utf8(path), path)
-    if not allow_empty:
-        for number, line in enumerate(lines, start=1):
-            if is_blank(line):
-                raise DataError(path, "empty line", line=number)
-    return lines
-
-
-def is_blank(text: str) -> bool:
-    """Whether `text` is only whitespace and invisible format characters (zero-width spaces
-    and joiners, direction marks, byte-order marks)."""
-    return all(c.isspace() or unicodedata.category(c) == "Cf" for c in text)
+    """The lines of a UTF-8 text file, optionally gzipped, as `lines.line_chunks` splits and
+    checks them; a blank line (see `is_blank`) is a DataError unless `allow_empty`."""
+    return [line for chunk in line_chunks(path, allow_empty=allow_empty) for line in chunk]
 
 
 def find_split(data_dir: str | Path, split: str, lang: str) -> Path:
@@ -58,13 +54,26 @@ def read_parallel(src_path: str | Path, tgt_path: str | Path) -> tuple[list[str]
     """Reads a sentence-aligned pair of files into (source lines, target lines)."""
     sources = read_lines(src_path)
     targets = read_lines(tgt_path)
-    if len(sources) != len(targets):
+    check_aligned(src_path, len(sources), tgt_path, len(targets))
+    return sources, targets
+
+
+def count_parallel(src_path: str | Path, tgt_path: str | Path) -> int:
+    """The number of lines of a sentence-aligned pair of files, counted without reading them
+    into memory; a DataError unless both have as many."""
+    count = count_lines(src_path)
+    check_aligned(src_path, count, tgt_path, count_lines(tgt_path))
+    return count
+
+
+def check_aligned(src_path: str | Path, sources: int, tgt_path: str | Path, targets: int) -> None:
+    """A DataError unless the two sides of a parallel corpus have as many lines."""
+    if sources != targets:
         raise DataError(
             src_path,
-            f"has {len(sources)} lines but {tgt_path} has {len(targets)}; "
+            f"has {sources} lines but {tgt_path} has {targets}; "
             "parallel files must have one sentence per line, aligned",
         )
-    return sources, targets
 
 
 def read_labelled(
@@ -125,30 +134,6 @@ def _read_utf8(path: str | Path) -> str:
     return text
 
 
-def decode_utf8(data: bytes, path: str | Path) -> str:
-    """`data` decoded as UTF-8, else a DataError naming the line, column and byte."""
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = data.count(b"\n", 0, error.start) + 1
-        line_start = data.rfind(b"\n", 0, error.start) + 1
-        column = len(data[line_start : error.start].decode("utf-8")) + 1  # valid up to the error
-        byte = data[error.start]
-        raise DataError(
-            path, f"invalid UTF-8 (byte 0x{byte:02x} at column {column})", line=line
-        ) from None
-
-
-def gunzip(data: bytes, path: str | Path) -> bytes:
-    """`data` decompressed if it is gzipped (by its magic bytes), else as it is."""
-    if not data.startswith(GZIP_MAGIC):
-        return data
-    try:
-        return gzip.decompress(data)
-    except (OSError, EOFError, zlib.error) as error:
-        raise DataError(path, f"corrupt or truncated gzip file ({error})") from None
-
-
 def split_lines(text: str, path: str | Path) -> list[str]:
     """Lines of `text` (read from `path`) without the carriage returns that end them.
 
@@ -160,9 +145,7 @@ def split_lines(text: str, path: str | Path) -> list[str]:
         lines.pop()
     lines = [line.rstrip("\r") for line in lines]
     if "\n" not in text and len(lines) == 1 and "\r" in lines[0]:  # "\n"-ended: a CR inside
-        raise DataError(
-            path, "lines end in a carriage return alone (classic Mac OS); convert them to \\n"
-        )
+        raise DataError(path, CR_ALONE)
     return lines
 
 

@@ -8,11 +8,12 @@ import signal
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from itertools import islice
+from itertools import chain, islice
 from pathlib import Path
 
+import numpy as np
+from tokenizers import Encoding, decoders, models, normalizers, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HfTokenizer
-from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
 from qkv.data.readers import lone_surrogate
 from qkv.data.special import SPECIAL_TOKENS, UNK
@@ -128,10 +129,22 @@ class Tokenizer:
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of many texts, encoded in parallel; the same as `encode` on each. A text
         holding a lone surrogate (from an undecodable byte, say) is a ValueError."""
+        return [encoding.ids for encoding in self._encodings(texts)]
+
+    def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """`encode_batch` as arrays: every text's ids one after the other, (N,) int32, and
+        each text's length, (n,) int64. The encoding runs in the tokenizers' own threads,
+        without the GIL (other Python threads run meanwhile)."""
+        rows = self.encode_batch(texts)
+        lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))  # (n,)
+        total = int(lengths.sum())
+        return np.fromiter(chain.from_iterable(rows), dtype=np.int32, count=total), lengths
+
+    def _encodings(self, texts: Sequence[str]) -> list[Encoding]:
         texts = list(texts)  # a generator is read once
         try:
             with _interrupts_kept():
-                encodings = self._hf.encode_batch_fast(texts, add_special_tokens=False)
+                return self._hf.encode_batch_fast(texts, add_special_tokens=False)
         except TypeError:
             for number, text in enumerate(texts, start=1):
                 if not isinstance(text, str):
@@ -144,7 +157,6 @@ class Tokenizer:
                         "surrogate pair (an undecodable byte?)"
                     ) from None
             raise
-        return [encoding.ids for encoding in encodings]
 
     def decode(self, ids: Sequence[int]) -> str:
         """Detokenized text of ids, skipping special tokens and ids outside the vocabulary.

@@ -5,17 +5,32 @@ from __future__ import annotations
 import os
 import random
 import re
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from qkv import fast
-from qkv.data.batching import collate_texts, token_budget_batches, truncate
-from qkv.data.cache import check_same_data, load_id_lists, save_id_lists, text_digest
+from qkv.data.batching import (
+    Row,
+    collate_texts,
+    token_budget_arrays,
+    token_budget_batches,
+    truncate,
+)
+from qkv.data.cache import (
+    CACHE_FILE,
+    TokenCacheWriter,
+    check_same_data,
+    open_token_cache,
+    text_digest,
+)
+from qkv.data.lines import CHUNK_LINES
 from qkv.data.readers import read_labelled
+from qkv.data.token_array import TokenArray, id_lists, token_array
 from qkv.data.tokenizer import Tokenizer, check_vocabulary, size_note
 from qkv.errors import CheckpointError, ConfigError, DataError
 from qkv.model.classifier import TextClassifier
@@ -118,31 +133,32 @@ class ClassificationTask:
     def __init__(
         self,
         model: TextClassifier,
-        corpora: dict[str, list[list[int]]],
+        corpora: Mapping[str, TokenArray | Sequence[Sequence[int]]],
         data: ClassificationData,
         train: TrainConfig,
     ) -> None:
+        """`corpora` holds "train.ids" (read from the token cache as batches need them),
+        "train.labels", "valid.ids" and "valid.labels" (one class index a row)."""
         self.model, self.data, self.train_config = model, data, train
-        self.ids, self.labels = corpora["train.ids"], [y[0] for y in corpora["train.labels"]]
-        self.valid_ids = corpora["valid.ids"]
-        self.valid_labels = [y[0] for y in corpora["valid.labels"]]
+        self.ids, self.labels = token_array(corpora["train.ids"]), _labels(corpora["train.labels"])
+        self.valid_ids = id_lists(corpora["valid.ids"])
+        self.valid_labels = _labels(corpora["valid.labels"]).tolist()
         # What always answering the commonest validation label scores: a wasted run's mark.
         counts = [self.valid_labels.count(y) for y in set(self.valid_labels)]
         self.trivial = max(counts, default=0) / max(len(self.valid_labels), 1)
-        extra = 1 if data.cls else 0
-        self.lengths = [len(x) + extra for x in self.ids]
+        self.lengths = self.ids.lengths + (1 if data.cls else 0)  # (n,)
 
-    def batches(self, epoch: int) -> list[list[int]]:
+    def batches(self, epoch: int) -> list[np.ndarray]:
         c = self.train_config
-        return token_budget_batches(
+        return token_budget_arrays(
             self.lengths, c.max_tokens, shuffle=True, seed=c.seed, epoch=epoch
         )
 
-    def n_targets(self, batch: list[int]) -> int:
+    def n_targets(self, batch: Sequence[int] | np.ndarray) -> int:
         return len(batch)
 
     def _scores(
-        self, ids: list[list[int]], labels: list[int], smoothing: float, device: torch.device
+        self, ids: Sequence[Row], labels: Sequence[int], smoothing: float, device: torch.device
     ) -> tuple[torch.Tensor, int]:
         """The summed cross-entropy of a batch and how many it classifies right."""
         texts = collate_texts(ids, labels, cls=self.data.cls).to(device)
@@ -152,8 +168,10 @@ class ClassificationTask:
         )
         return loss, int((logits.argmax(-1) == texts.labels).sum())
 
-    def loss(self, batch: list[int], device: torch.device) -> tuple[torch.Tensor, dict[str, float]]:
-        ids, labels = [self.ids[i] for i in batch], [self.labels[i] for i in batch]
+    def loss(
+        self, batch: Sequence[int] | np.ndarray, device: torch.device
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        ids, labels = self.ids.rows(batch), self.labels[np.asarray(batch)].tolist()
         loss, correct = self._scores(ids, labels, self.train_config.label_smoothing, device)
         return loss, {"accuracy": float(correct)}
 
@@ -168,6 +186,13 @@ class ClassificationTask:
             correct += right
         n = max(len(self.valid_ids), 1)
         return {"loss": total / n, "accuracy": correct / n}
+
+
+def _labels(rows: TokenArray | Sequence[Sequence[int]]) -> np.ndarray:
+    """(n,) int64 class indices of rows of one id each."""
+    if isinstance(rows, TokenArray):
+        return rows.flat().astype(np.int64)
+    return np.array([row[0] for row in rows], dtype=np.int64)
 
 
 def _split(
@@ -207,11 +232,11 @@ def run_data(run: RunConfig, run_dir: Path) -> ClassificationData:
 
 def prepare(
     data: ClassificationData, run_dir: Path, tokenizer: Tokenizer | None, seed: int
-) -> tuple[Tokenizer, dict[str, list[list[int]]], ClassificationData]:
+) -> tuple[Tokenizer, dict[str, TokenArray], ClassificationData]:
     """Reads and splits the data, trains the tokenizer (unless given), tokenizes once and
     caches. A resumed run (`tokenizer` given) must find the text its cache holds."""
     new_run = tokenizer is None  # a cache found in run_dir was not made with its tokenizer
-    cache_path = run_dir / "cache" / "tokens.safetensors"
+    cache_path = run_dir / CACHE_FILE
     texts, labels = data.read(data.train_file)
     digests = {"train": text_digest(texts, labels)}
     if not new_run:
@@ -254,16 +279,24 @@ def prepare(
         if note := size_note(tokenizer, data.vocab_size):
             print(note)
         tokenizer.save(run_dir / TOKENIZER_FILE)
-    corpora = None if new_run else load_id_lists(cache_path)
-    if corpora is None:
-        corpora = {
-            "train.ids": encode_texts(tokenizer, texts, data),
-            "train.labels": [[index[y]] for y in labels],
-            "valid.ids": encode_texts(tokenizer, valid_texts, data),
-            "valid.labels": [[index[y]] for y in valid_labels],
-        }
-        save_id_lists(cache_path, corpora, digests)
-    return tokenizer, corpora, data
+    cache = None if new_run else open_token_cache(cache_path)
+    if cache is None:
+        with TokenCacheWriter(cache_path) as writer:
+            for split, split_texts, split_labels in (
+                ("train", texts, labels),
+                ("valid", valid_texts, valid_labels),
+            ):
+                # An empty split still gets its (empty) array.
+                for start in range(0, max(len(split_texts), 1), CHUNK_LINES):
+                    chunk = split_texts[start : start + CHUNK_LINES]
+                    writer.add(f"{split}.ids", encode_texts(tokenizer, chunk, data))
+                classes = np.array([index[y] for y in split_labels], dtype=np.int32)
+                writer.append(f"{split}.labels", classes, np.ones(len(classes), np.int64))
+            writer.finish(digests)
+        cache = open_token_cache(cache_path, verify=False)
+        if cache is None:
+            raise DataError(cache_path, "the token cache just written cannot be read back")
+    return tokenizer, cache.arrays, data
 
 
 def train_classification(
@@ -310,9 +343,7 @@ def train_classification(
         fast.apply(model)
     plan = ""
     if not resume:
-        train_config, plan = planned(
-            train_config, [len(ids) + 1 for ids in corpora["train.ids"]], explicit
-        )
+        train_config, plan = planned(train_config, corpora["train.ids"].lengths + 1, explicit)
     (resume or RunConfig("classification", model_config, train_config, asdict(data))).save(run_dir)
     task = ClassificationTask(model, corpora, data, train_config)
     trainer = Trainer(task, train_config, run_dir, device)

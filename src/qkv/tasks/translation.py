@@ -4,16 +4,34 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import torch
+from tqdm import tqdm
 
 from qkv import fast
-from qkv.data.batching import bucket_inputs, collate_pairs, pair_lengths, token_budget_batches
-from qkv.data.cache import check_same_data, load_id_lists, save_id_lists, text_digest
+from qkv.data.batching import (
+    bucket_inputs,
+    collate_pairs,
+    pair_lengths,
+    token_budget_arrays,
+    token_budget_batches,
+)
+from qkv.data.cache import (
+    CACHE_FILE,
+    TokenCache,
+    TokenCacheWriter,
+    check_same_data,
+    open_token_cache,
+    text_digest,
+)
 from qkv.data.readers import find_split, read_parallel
 from qkv.data.special import PAD_ID
+from qkv.data.streaming import ParallelFiles, tokenize_pairs
+from qkv.data.token_array import TokenArray, id_lists, token_array
 from qkv.data.tokenizer import Tokenizer, check_vocabulary, size_note
 from qkv.errors import ConfigError, DataError
 from qkv.evaluation.bleu import score_translations
@@ -42,11 +60,16 @@ class TranslationData:
     lowercase: bool = False  # lowercase before BPE (output is then lowercase too)
     max_len: int = 128  # training pairs longer than this (tokens) are skipped
     valid_sentences: int = 0  # cap on validation sentences decoded for BLEU; 0 = all
+    tokenizer_sample: int = 0  # BPE learnt from at most this many pairs, evenly spread; 0 = all
 
     def __post_init__(self) -> None:
         """Raises ConfigError for a setting out of range."""
         if self.valid_sentences < 0:
             raise ConfigError(f"valid_sentences must be >= 0 (0 = all), got {self.valid_sentences}")
+        if self.tokenizer_sample < 0:
+            raise ConfigError(
+                f"tokenizer_sample must be >= 0 (0 = all), got {self.tokenizer_sample}"
+            )
         if not 1 <= self.max_len <= MAX_POSITIONS:
             raise ConfigError(f"max_len must be between 1 and {MAX_POSITIONS}, got {self.max_len}")
         check_vocabulary(self.vocab_size, self.min_frequency)
@@ -61,38 +84,45 @@ class TranslationTask:
         self,
         model: Seq2SeqTransformer,
         tokenizer: Tokenizer,
-        corpora: dict[str, list[list[int]]],
+        corpora: Mapping[str, TokenArray | Sequence[Sequence[int]]],
         valid_refs: list[str],
         train: TrainConfig,
     ) -> None:
+        """`corpora` holds "train.src", "train.tgt" (read from the token cache as batches
+        need them), "valid.src" and "valid.tgt" (held in memory)."""
         self.model, self.tokenizer, self.train_config = model, tokenizer, train
-        self.src, self.tgt = corpora["train.src"], corpora["train.tgt"]
+        self.src, self.tgt = token_array(corpora["train.src"]), token_array(corpora["train.tgt"])
         self.valid_src, self.valid_tgt = _fit_validation(
-            corpora["valid.src"], corpora["valid.tgt"], model.config.max_len
+            id_lists(corpora["valid.src"]), id_lists(corpora["valid.tgt"]), model.config.max_len
         )
         self.valid_refs = valid_refs
         self.label_smoothing = train.label_smoothing
-        self.lengths = pair_lengths(self.src, self.tgt)
+        self.target_lengths = self.tgt.lengths  # (n,)
+        self.lengths = np.maximum(self.src.lengths, self.target_lengths) + 1  # (n,) as pair_lengths
         self.trivial = 1.0  # validation BLEU at or below it: nothing learned
 
-    def batches(self, epoch: int) -> list[list[int]]:
+    def batches(self, epoch: int) -> list[np.ndarray]:
         c = self.train_config
-        return token_budget_batches(
+        return token_budget_arrays(
             self.lengths, c.max_tokens, shuffle=True, seed=c.seed, epoch=epoch
         )
 
-    def n_targets(self, batch: list[int]) -> int:
-        return sum(len(self.tgt[i]) + 1 for i in batch)
+    def n_targets(self, batch: Sequence[int] | np.ndarray) -> int:
+        return int(self.target_lengths[np.asarray(batch)].sum()) + len(batch)
 
-    def loss(self, batch: list[int], device: torch.device) -> tuple[torch.Tensor, dict[str, float]]:
-        pairs = collate_pairs([self.src[i] for i in batch], [self.tgt[i] for i in batch]).to(device)
+    def loss(
+        self, batch: Sequence[int] | np.ndarray, device: torch.device
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        pairs = collate_pairs(self.src.rows(batch), self.tgt.rows(batch)).to(device)
         states = self.model.hidden(pairs.src, pairs.tgt_in)  # (B, T, D)
         logits, labels = nonpad_logits(self.model.output, states, pairs.labels, PAD_ID)
         loss = smoothed_cross_entropy(logits, labels, self.label_smoothing, PAD_ID)
         return loss, {}
 
-    def padded_inputs(self, batch: list[int], device: torch.device) -> dict[str, torch.Tensor]:
-        pairs = collate_pairs([self.src[i] for i in batch], [self.tgt[i] for i in batch])
+    def padded_inputs(
+        self, batch: Sequence[int] | np.ndarray, device: torch.device
+    ) -> dict[str, torch.Tensor]:
+        pairs = collate_pairs(self.src.rows(batch), self.tgt.rows(batch))
         return {name: tensor.to(device) for name, tensor in bucket_inputs(pairs).items()}
 
     def padded_loss(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,61 +170,73 @@ def _fit_validation(
 
 def prepare(
     data: TranslationData, run_dir: Path, tokenizer: Tokenizer | None, model_max_len: int
-) -> tuple[Tokenizer, dict[str, list[list[int]]], list[str]]:
-    """Reads the text, trains the tokenizer (unless given), tokenizes once and caches; training
-    pairs longer than `data.max_len` or `model_max_len` are skipped. A resumed run
-    (`tokenizer` given) must find the text its cache holds."""
+) -> tuple[Tokenizer, dict[str, TokenArray], list[str]]:
+    """Reads the text, trains the tokenizer (unless given), tokenizes once into the run's
+    token cache (the training text streamed, never whole in memory); training pairs longer
+    than `data.max_len` or `model_max_len` are skipped. A resumed run (`tokenizer` given)
+    must find the text its cache holds, and rebuilds a cache that is not whole."""
     directory = Path(data.data_dir)
     paths = {
         f"{split}.{side}": find_split(directory, name, language)
         for split, name in (("train", "train"), ("valid", "val"))
         for side, language in (("src", data.src), ("tgt", data.tgt))
     }
-    train_src, train_tgt = read_parallel(paths["train.src"], paths["train.tgt"])
+    train = ParallelFiles.counted(paths["train.src"], paths["train.tgt"])
     valid_src, valid_tgt = read_parallel(paths["valid.src"], paths["valid.tgt"])
-    read = zip(paths, (train_src, train_tgt, valid_src, valid_tgt), strict=True)
-    digests = {name: text_digest(lines) for name, lines in read}
-    new_run = tokenizer is None  # a cache found in run_dir was not made with its tokenizer
-    cache_path = run_dir / "cache" / "tokens.safetensors"
-    if not new_run:
+    digests = {"valid.src": text_digest(valid_src), "valid.tgt": text_digest(valid_tgt)}
+    cache_path = run_dir / CACHE_FILE
+    cache = None  # a cache found in a new run's directory was not made with its tokenizer
+    if tokenizer is not None:
+        digests["train.src"], digests["train.tgt"] = train.digests()
         check_same_data(cache_path, {name: (paths[name], digests[name]) for name in digests})
+        cache = open_token_cache(cache_path)
     if data.valid_sentences:
         valid_src, valid_tgt = valid_src[: data.valid_sentences], valid_tgt[: data.valid_sentences]
     if tokenizer is None:
-        tokenizer = Tokenizer.train(
-            train_src + train_tgt, data.vocab_size, data.min_frequency, data.lowercase
-        )
+        texts = train.texts(data.tokenizer_sample)
+        reading = tqdm(texts, desc="learning BPE", unit="line", disable=None, leave=False)
+        tokenizer = Tokenizer.train(reading, data.vocab_size, data.min_frequency, data.lowercase)
         if note := size_note(tokenizer, data.vocab_size):
             print(note)
         tokenizer.save(run_dir / TOKENIZER_FILE)
-    corpora = None if new_run else load_id_lists(cache_path)
-    if corpora is None:
-        corpora = {
-            "train.src": tokenizer.encode_batch(train_src),
-            "train.tgt": tokenizer.encode_batch(train_tgt),
-            "valid.src": tokenizer.encode_batch(valid_src),
-            "valid.tgt": tokenizer.encode_batch(valid_tgt),
-        }
+    if cache is None:
         limit = min(data.max_len, model_max_len)
-        keep = [
-            i
-            for i, (s, t) in enumerate(zip(corpora["train.src"], corpora["train.tgt"], strict=True))
-            if 0 < len(s) < limit and len(t) < limit
-        ]
-        if not keep:
+        cache = _build_cache(tokenizer, train, (valid_src, valid_tgt), digests, cache_path, limit)
+    return tokenizer, cache.arrays, valid_tgt
+
+
+def _build_cache(
+    tokenizer: Tokenizer,
+    train: ParallelFiles,
+    valid: tuple[list[str], list[str]],
+    digests: dict[str, str],
+    path: Path,
+    limit: int,
+) -> TokenCache:
+    """Tokenizes the training pairs (streamed; those of `limit` tokens or more skipped) and
+    the validation pairs into a new token cache at `path`."""
+    with TokenCacheWriter(path) as writer:
+        done = tokenize_pairs(tokenizer, train, writer, ("train.src", "train.tgt"), limit)
+        if not done.kept:
             raise DataError(
-                paths["train.src"],
-                f"no training pair is left: all {len(train_src)} are longer than max_len "
+                train.src,
+                f"no training pair is left: all {done.read} are longer than max_len "
                 f"({limit} tokens)",
             )
-        if len(keep) < len(train_src):
-            print(
-                f"skipping {len(train_src) - len(keep)} training pairs longer than {limit} tokens"
-            )
-        corpora["train.src"] = [corpora["train.src"][i] for i in keep]
-        corpora["train.tgt"] = [corpora["train.tgt"][i] for i in keep]
-        save_id_lists(cache_path, corpora, digests)
-    return tokenizer, corpora, valid_tgt
+        if done.kept < done.read:
+            print(f"skipping {done.read - done.kept} training pairs longer than {limit} tokens")
+        writer.add("valid.src", tokenizer.encode_batch(valid[0]))
+        writer.add("valid.tgt", tokenizer.encode_batch(valid[1]))
+        writer.finish({**digests, "train.src": done.src_digest, "train.tgt": done.tgt_digest})
+    cache = open_token_cache(path, verify=False)
+    if cache is None:
+        raise DataError(path, "the token cache just written cannot be read back")
+    return cache
+
+
+def train_lengths(corpora: Mapping[str, TokenArray]) -> np.ndarray:
+    """(n,) padded lengths of the training pairs, as `pair_lengths` gives them."""
+    return np.maximum(corpora["train.src"].lengths, corpora["train.tgt"].lengths) + 1
 
 
 def train_translation(
@@ -237,11 +279,7 @@ def train_translation(
         fast.apply(model)
     plan = ""
     if not resume:
-        train_config, plan = planned(
-            train_config,
-            pair_lengths(corpora["train.src"], corpora["train.tgt"]),
-            explicit,
-        )
+        train_config, plan = planned(train_config, train_lengths(corpora), explicit)
     (resume or RunConfig("translation", model_config, train_config, asdict(data))).save(run_dir)
     task = TranslationTask(model, tokenizer, corpora, valid_refs, train_config)
     trainer = Trainer(task, train_config, run_dir, device)

@@ -17,7 +17,10 @@ Multi30k and IMDB the presets' own values come out unchanged.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+
+import numpy as np
 
 from qkv.training.config import TrainConfig
 from qkv.training.distributed import world_size
@@ -102,8 +105,9 @@ def plan_training(
 
 
 def planned(
-    config: TrainConfig, lengths: list[int], explicit: frozenset[str]
+    config: TrainConfig, lengths: Sequence[int] | np.ndarray, explicit: frozenset[str]
 ) -> tuple[TrainConfig, str]:
     """`config` planned for examples of these padded `lengths`, and the plan's line."""
-    plan, config = plan_training(config, len(lengths), sum(lengths), explicit)
+    total = int(np.sum(lengths, dtype=np.int64)) if len(lengths) else 0
+    plan, config = plan_training(config, len(lengths), total, explicit)
     return config, plan.describe()
