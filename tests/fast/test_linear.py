@@ -150,4 +150,3 @@ def test_where_mkl_is_preferred_linear_is_f_linear(monkeypatch: pytest.MonkeyPat
     x, w, b = torch.randn(6, 8), torch.randn(5, 8), torch.randn(5)
     for a, e in zip(grads(linear, x, w, b), grads(F.linear, x, w, b), strict=True):
         torch.testing.assert_close(a, e)
-
