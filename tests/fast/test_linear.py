@@ -64,11 +64,13 @@ def test_the_weight_gradient_comes_in_the_weight_own_layout(width: int) -> None:
     torch.testing.assert_close(out, grad.t() @ inputs, rtol=1e-4, atol=1e-4)
 
 
-def test_without_onednn_linear_is_f_linear(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fallback where this torch lacks oneDNN's private linear operator."""
+@pytest.mark.parametrize("missing", ["onednn_available", "preferred"])
+def test_without_onednn_linear_is_f_linear(missing: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fallback where this torch lacks oneDNN's private linear operator, and where MKL's
+    products are preferred (Intel's CPUs)."""
     from qkv.fast import linear as onednn
 
-    monkeypatch.setattr(onednn, "onednn_available", lambda: False)
+    monkeypatch.setattr(onednn, missing, lambda: False)
     monkeypatch.setattr(onednn, "_product", None)  # would fail if called
     torch.manual_seed(0)
     x, w, b = torch.randn(6, 8), torch.randn(5, 8), torch.randn(5)
@@ -139,14 +141,3 @@ def test_onednn_is_preferred_off_intel_cpus(
         assert onednn.preferred() is expected
     finally:
         onednn.preferred.cache_clear()
-
-
-def test_where_mkl_is_preferred_linear_is_f_linear(monkeypatch: pytest.MonkeyPatch) -> None:
-    from qkv.fast import linear as onednn
-
-    monkeypatch.setattr(onednn, "preferred", lambda: False)
-    monkeypatch.setattr(onednn, "_product", None)  # would fail if called
-    torch.manual_seed(0)
-    x, w, b = torch.randn(6, 8), torch.randn(5, 8), torch.randn(5)
-    for a, e in zip(grads(linear, x, w, b), grads(F.linear, x, w, b), strict=True):
-        torch.testing.assert_close(a, e)
