@@ -26,7 +26,7 @@ from qkv.errors import ConfigError
 from qkv.training import checkpoint as ckpt
 from qkv.training import distributed
 from tests.tasks.test_classification_e2e import make_rows, write_jsonl
-from tests.training.test_resume import last_step, write_corpus
+from tests.training.test_resume import TINY_RUN, last_step, write_corpus
 
 pytestmark = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()),
@@ -35,20 +35,7 @@ pytestmark = pytest.mark.skipif(
 SRC = Path(qkv.__file__).resolve().parents[1]
 TIMEOUT = 300.0  # waiting for a whole process: generous, the machine may be busy
 COLLECTIVE_TIMEOUT = 20  # QKV_DIST_TIMEOUT of the runs: a rank waits no longer for another
-SETTINGS = [
-    "--preset",
-    "tiny",
-    "vocab_size=200",
-    "min_frequency=1",
-    "max_tokens=256",
-    "warmup=10",
-    "threads=1",
-    "device=cpu",
-    "compile=false",
-    "deterministic=true",
-    "log_every=1",
-    "seed=3",
-]
+SETTINGS = [*TINY_RUN, "compile=false"]
 
 
 def free_port() -> int:

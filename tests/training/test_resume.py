@@ -27,22 +27,21 @@ WORDS = {
     "de": ["ein", "zwei", "drei", "mann", "frau", "hund", "katze", "haus", "rot", "blau"],
     "en": ["one", "two", "three", "man", "woman", "dog", "cat", "house", "red", "blue"],
 }
-SETTINGS = [
+TINY_RUN = [
     "--preset",
     "tiny",
     "vocab_size=200",
     "min_frequency=1",
     "max_tokens=256",
     "warmup=10",
-    f"max_steps={MAX_STEPS}",
-    "eval_every=5",
-    "keep_checkpoints=100",
     "log_every=1",
     "threads=1",
     "deterministic=true",
     "device=cpu",
     "seed=3",
 ]
+"""A tiny deterministic translation run on `write_corpus`'s pairs (also the distributed tests')."""
+SETTINGS = [*TINY_RUN, f"max_steps={MAX_STEPS}", "eval_every=5", "keep_checkpoints=100"]
 TIMEOUT = 600.0  # generous: the machine may be busy
 
 
