@@ -62,6 +62,8 @@ def test_max_steps_bounds_the_plan() -> None:
     plan, _ = plan_training(config.__class__(**{**config.to_dict(), "max_steps": 40}), 400, 4000)
     assert plan.steps == 40
     assert plan.warmup <= 24 and plan.eval_every <= 8
+    big, _ = plan_training(config.__class__(**{**config.to_dict(), "max_steps": 40}), 10**6, 10**8)
+    assert f"40 steps planned ({40 / big.steps_per_epoch:.3g} epochs of" in big.describe()
 
 
 def test_only_small_classification_data_is_fitted() -> None:

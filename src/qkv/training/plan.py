@@ -56,7 +56,8 @@ class Plan:
         budget = f", within {self.minutes:g} minutes" if self.minutes else ""
         each = f" on each of {self.processes} processes" if self.processes > 1 else ""
         return (
-            f"{self.examples:,} examples, {self.steps:,} steps planned ({self.epochs} epochs of "
+            f"{self.examples:,} examples, {self.steps:,} steps planned "
+            f"({self.steps / self.steps_per_epoch:.3g} epochs of "
             f"{self.steps_per_epoch:,}, batches of {self.max_tokens:,} tokens{each}), warm-up "
             f"{self.warmup:,} steps, evaluation every {self.eval_every:,}{budget}"
         )
