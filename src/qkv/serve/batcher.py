@@ -36,7 +36,7 @@ class Batcher:
     def __init__(
         self, run: Run, window: float = 0.01, max_tokens: int = 8192, in_flight: int = 1
     ) -> None:
-        self.run, self.window, self.max_tokens = run, window, max_tokens
+        self.run, self.window, self.max_tokens, self.in_flight = run, window, max_tokens, in_flight
         self.jobs: queue.Queue[Job | None] = queue.Queue()
         self.waiting: list[Job] = []  # taken from the queue, with other options than a batch's
         self.batches = 0  # calls of `run` so far
