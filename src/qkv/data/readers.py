@@ -174,7 +174,7 @@ def _read_records(path: str | Path, fields: Sequence[str]) -> list[tuple[int, li
 
 def _read_json_lines(path: str | Path, fields: Sequence[str]) -> list[tuple[int, list[object]]]:
     records: list[tuple[int, list[object]]] = []
-    for number, line in enumerate(split_lines(_read_utf8(path), path), start=1):
+    for number, line in enumerate(read_lines(path, allow_empty=True), start=1):
         if is_blank(line):
             continue
         try:
