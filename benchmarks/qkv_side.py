@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 from torch import Tensor
-from workload import BOS, EOS, PAD, Shape
+from workload import EOS, PAD, Shape
 
 from qkv import fast
 from qkv.data.batching import (
@@ -153,7 +153,7 @@ class QkvSystem:
     def greedy(self, src: Tensor, n: int) -> Tensor:
         """What `qkv translate` runs: on a GPU, each model step as a graph replay."""
         budget = torch.full((src.size(0),), n, dtype=torch.long, device=src.device)
-        found = greedy_search(self.decoder(src, n, 1), src.size(0), budget, BOS, EOS)
+        found = greedy_search(self.decoder(src, n, 1), src.size(0), budget)
         return torch.tensor(found, dtype=torch.long)  # (B, n)
 
     def map_batches(
@@ -167,7 +167,7 @@ class QkvSystem:
 
     def beam(self, src: Tensor, n: int, k: int) -> Tensor:
         budget = torch.full((src.size(0),), n, dtype=torch.long, device=src.device)
-        found = beam_search(self.decoder(src, n, k), src.size(0), k, budget, BEAM_ALPHA, BOS, EOS)
+        found = beam_search(self.decoder(src, n, k), src.size(0), k, budget, BEAM_ALPHA)
         return torch.tensor([hyps[0].tokens for hyps in found], dtype=torch.long)  # (B, n)
 
     @property

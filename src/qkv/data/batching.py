@@ -66,9 +66,9 @@ def collate_pairs(src: Sequence[Row], tgt: Sequence[Row]) -> PairBatch:
     if empty is not None:
         raise ValueError(f"source sequence {empty} of the batch is empty")
     return PairBatch(
-        src=torch.from_numpy(_pad_rows(src)),  # (B, S)
-        tgt_in=torch.from_numpy(_pad_rows(tgt, first=BOS_ID)),  # (B, T)
-        labels=torch.from_numpy(_pad_rows(tgt, last=EOS_ID)),  # (B, T)
+        src=torch.from_numpy(pad_rows(src)),  # (B, S)
+        tgt_in=torch.from_numpy(pad_rows(tgt, first=BOS_ID)),  # (B, T)
+        labels=torch.from_numpy(pad_rows(tgt, last=EOS_ID)),  # (B, T)
     )
 
 
@@ -127,7 +127,7 @@ def collate_texts(ids: Sequence[Row], labels: Sequence[int], cls: bool = False) 
         raise ValueError(f"{len(ids)} texts but {len(labels)} labels")
     if not ids:
         raise ValueError("cannot collate an empty batch")
-    padded = _pad_rows(ids, first=CLS_ID if cls else None)
+    padded = pad_rows(ids, first=CLS_ID if cls else None)
     if padded.shape[1] == 0:  # every text empty and no CLS: keep one pad column
         padded = np.full((len(ids), 1), PAD_ID, dtype=np.int64)
     return TextBatch(
@@ -208,7 +208,7 @@ def _cut(sorted_lengths: np.ndarray, indices: np.ndarray, max_tokens: int) -> li
     return batches
 
 
-def _pad_rows(rows: Sequence[Row], first: int | None = None, last: int | None = None) -> np.ndarray:
+def pad_rows(rows: Sequence[Row], first: int | None = None, last: int | None = None) -> np.ndarray:
     """Rows framed by `first` and `last` (if given), right-padded with PAD: an int64 array."""
     offset = int(first is not None)
     lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))

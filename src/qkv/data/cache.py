@@ -137,9 +137,9 @@ class TokenCacheWriter:
         rows = TokenArray.from_lists(sequences)
         self.append(name, rows.ids.read(0, rows.ids.size), rows.lengths)
 
-    def finish(self, digests: dict[str, str]) -> None:
+    def finish(self, digests: dict[str, str]) -> TokenCache:
         """Joins the arrays into the cache file, with the `text_digest` of each split (by
-        split name: "train", "train.src", ...), and renames it into place."""
+        split name: "train", "train.src", ...), renames it into place and reads it back."""
         tensors: list[tuple[str, str, int, Path]] = []  # name, dtype, entries, file
         shas: dict[str, str] = {}
         for name, piece in self.pieces.items():
@@ -176,6 +176,10 @@ class TokenCacheWriter:
             os.fsync(out.fileno())
         os.replace(joined, self.path)
         fsync_dir(self.path.parent)
+        cache = open_token_cache(self.path, verify=False)
+        if cache is None:
+            raise DataError(self.path, "the token cache just written cannot be read back")
+        return cache
 
 
 def _write_offsets(lengths_path: Path, offsets_path: Path) -> str:

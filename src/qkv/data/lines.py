@@ -85,6 +85,15 @@ def line_chunks(
         raise DataError(path, "file is empty")
 
 
+def read_text(path: str | Path) -> str:
+    """A whole UTF-8 file, plain or gzipped, without a leading byte-order mark."""
+    with _opened(path) as handle:
+        text = decode_utf8(_read(path, handle.read), path).removeprefix("\ufeff")
+    if not text:
+        raise DataError(path, "file is empty")
+    return text
+
+
 def count_lines(path: str | Path) -> int:
     """How many lines `line_chunks` finds in a file, counted on its bytes (fast, no check)."""
     count, last = 0, b"\n"

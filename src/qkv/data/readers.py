@@ -14,13 +14,11 @@ from pathlib import Path
 from qkv.data.lines import (
     A_DIRECTORY,
     CR_ALONE,
-    GZIP_MAGIC,
     NO_FILE,
     count_lines,
-    decode_utf8,
-    gunzip,
     is_blank,
     line_chunks,
+    read_text,
 )
 from qkv.errors import DataError
 
@@ -114,26 +112,6 @@ def read_texts(
     return [_check_text(path, text, text_field, line, clean) for line, (text,) in records]
 
 
-def _read_utf8(path: str | Path) -> str:
-    """Reads a whole UTF-8 file, plain or gzipped, dropping a leading byte-order mark."""
-    path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise DataError(path, NO_FILE) from None
-    except IsADirectoryError:
-        raise DataError(path, A_DIRECTORY) from None
-    except (OSError, ValueError) as error:
-        reason = getattr(error, "strerror", None) or error
-        raise DataError(path, f"cannot read file ({reason})") from None
-    if path.suffix == ".gz" and data and not data.startswith(GZIP_MAGIC):
-        raise DataError(path, "name ends in .gz but the file is not gzip-compressed")
-    text = decode_utf8(gunzip(data, path), path).removeprefix("\ufeff")
-    if not text:
-        raise DataError(path, "file is empty")
-    return text
-
-
 def split_lines(text: str, path: str | Path) -> list[str]:
     """Lines of `text` (read from `path`) without the carriage returns that end them.
 
@@ -174,7 +152,7 @@ def _read_records(path: str | Path, fields: Sequence[str]) -> list[tuple[int, li
 
 def _read_json_lines(path: str | Path, fields: Sequence[str]) -> list[tuple[int, list[object]]]:
     records: list[tuple[int, list[object]]] = []
-    for number, line in enumerate(split_lines(_read_utf8(path), path), start=1):
+    for number, line in enumerate(read_lines(path, allow_empty=True), start=1):
         if is_blank(line):
             continue
         try:
@@ -196,7 +174,7 @@ def _read_json_lines(path: str | Path, fields: Sequence[str]) -> list[tuple[int,
 def _read_table(
     path: str | Path, fields: Sequence[str], *, tsv: bool
 ) -> list[tuple[int, list[object]]]:
-    text = io.StringIO(_read_utf8(path), newline="")
+    text = io.StringIO(read_text(path), newline="")
     csv.field_size_limit(max(csv.field_size_limit(), FIELD_SIZE_LIMIT))
     reader = csv.reader(text, delimiter="\t", quoting=csv.QUOTE_NONE) if tsv else csv.reader(text)
     records: list[tuple[int, list[object]]] = []

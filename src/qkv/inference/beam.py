@@ -51,8 +51,6 @@ def beam_search(
     beam_size: int,
     max_lengths: Tensor,
     alpha: float = 0.6,
-    bos_id: int = BOS_ID,
-    eos_id: int = EOS_ID,
 ) -> list[list[Hypothesis]]:
     """For each sentence, up to W hypotheses sorted best first (other arguments as in
     `greedy_search`); ConfigError if beam_size < 1."""
@@ -76,11 +74,11 @@ def beam_search(
         if state.sentences.numel() > 0:
             decoder.select(kept)
 
-    tokens = torch.full_like(state.sentences, bos_id)  # (N,) with N = B' at the first step
+    tokens = torch.full_like(state.sentences, BOS_ID)  # (N,) with N = B' at the first step
     while state.sentences.numel() > 0:
         logits = decoder.step(tokens)  # (N, V)
         fed = state.tokens  # (B', w, T) the tokens fed after BOS
-        state, rows = _advance(state, logits, beam_size, eos_id, alpha, finished)
+        state, rows = _advance(state, logits, beam_size, alpha, finished)
         if state.sentences.numel() == 0:
             break
         decoder.select(rows, _shared_prefixes(fed, rows))  # (B' * W,)
@@ -112,7 +110,6 @@ def _advance(
     state: BeamState,
     logits: Tensor,
     beam_size: int,
-    eos_id: int,
     alpha: float,
     finished: list[list[Hypothesis]],
 ) -> tuple[BeamState, Tensor]:
@@ -121,7 +118,7 @@ def _advance(
     (B'' * W,) long they continue from."""
     width, length = state.tokens.shape[1:]  # w, T
     top_scores, top_beams, top_tokens = _top_candidates(state.scores, logits, beam_size)
-    is_eos = top_tokens == eos_id  # (B', 2W)
+    is_eos = top_tokens == EOS_ID  # (B', 2W)
 
     # Continue with the W best candidates that do not end in EOS (a stable sort keeps their order).
     chosen = is_eos.long().argsort(dim=1, stable=True)[:, :beam_size]  # (B', W)

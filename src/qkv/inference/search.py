@@ -39,8 +39,6 @@ def greedy_search(
     decoder: IncrementalDecoder,
     batch_size: int,
     max_lengths: Tensor,
-    bos_id: int = BOS_ID,
-    eos_id: int = EOS_ID,
 ) -> list[list[int]]:
     """B lists of token ids (no BOS, EOS), always the most probable next token; `max_lengths`
     (B,) long, on the decoder's device: each sentence's budget of tokens, EOS included."""
@@ -49,9 +47,7 @@ def greedy_search(
         if isinstance(decoder, ArgmaxDecoder)
         else lambda tokens: first_argmax(decoder.step(tokens))
     )  # tokens (N,) -> next tokens (N,)
-    return _decode_paths(
-        decoder, batch_size, max_lengths, lambda tokens, _: step_argmax(tokens), bos_id, eos_id
-    )
+    return _decode_paths(decoder, batch_size, max_lengths, lambda tokens, _: step_argmax(tokens))
 
 
 def sample(
@@ -62,8 +58,6 @@ def sample(
     top_k: int = 0,
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
-    bos_id: int = BOS_ID,
-    eos_id: int = EOS_ID,
     seeds: Sequence[int] | None = None,
 ) -> list[list[int]]:
     """Decode every sentence by drawing each next token from the logits divided by
@@ -88,7 +82,7 @@ def sample(
         nonlocal never
         logits = decoder.step(tokens)  # (N, V)
         if never is None:
-            ids = [i for i in (PAD_ID, bos_id) if i != eos_id and i < logits.size(-1)]
+            ids = [i for i in (PAD_ID, BOS_ID) if i < logits.size(-1)]
             never = torch.tensor(ids, dtype=torch.long, device=logits.device)
         words = logits.index_fill(-1, never, float("-inf"))  # (N, V)
         # The best shifted to 0 before dividing: a tiny temperature sends the rest to -inf,
@@ -103,7 +97,7 @@ def sample(
         point = ((1.0 - uniform) * cdf[:, -1]).to(cdf.dtype).unsqueeze(1)  # (N, 1)
         return torch.searchsorted(cdf, point).squeeze(1)  # (N,)
 
-    return _decode_paths(decoder, batch_size, max_lengths, draw, bos_id, eos_id)
+    return _decode_paths(decoder, batch_size, max_lengths, draw)
 
 
 def _on_cpu(generator: torch.Generator | None) -> torch.Generator | None:
@@ -193,8 +187,6 @@ def _decode_paths(
     batch_size: int,
     max_lengths: Tensor,
     next_tokens: Callable[[Tensor, Tensor], Tensor],
-    bos_id: int,
-    eos_id: int,
 ) -> list[list[int]]:
     """Run one path per sentence; `next_tokens` steps `decoder` with the last tokens (N,) and
     picks the next (N,), given each row's sentence (N,)."""
@@ -202,9 +194,9 @@ def _decode_paths(
     device = max_lengths.device
     longest = max(int(max_lengths.max()), 0) if batch_size > 0 else 0
     # Each sentence's tokens, then EOS to the end: its length is where its first EOS lies.
-    generated = torch.full((batch_size, longest + 1), eos_id, dtype=torch.long, device=device)
+    generated = torch.full((batch_size, longest + 1), EOS_ID, dtype=torch.long, device=device)
     sentences = torch.arange(batch_size, device=device)  # (N,) sentence of each decoder row
-    tokens = torch.full((batch_size,), bos_id, dtype=torch.long, device=device)  # (N,)
+    tokens = torch.full((batch_size,), BOS_ID, dtype=torch.long, device=device)  # (N,)
     budgets = max_lengths  # (N,) each row's
     step, spent = 0, -1  # spent: the first step at which a row's budget runs out (-1: unknown)
     finished = budgets <= 0  # (N,) nothing to decode at all
@@ -222,9 +214,9 @@ def _decode_paths(
         tokens = next_tokens(tokens, sentences)  # (N,)
         step += 1
         generated[sentences, step - 1] = tokens  # (N,)
-        finished = tokens == eos_id  # (N,)
+        finished = tokens == EOS_ID  # (N,)
         if step >= spent:
             finished |= budgets <= step  # (N,)
 
-    lengths = (generated == eos_id).byte().argmax(dim=1)  # (B,) the first EOS of each
+    lengths = (generated == EOS_ID).byte().argmax(dim=1)  # (B,) the first EOS of each
     return [row[:length] for row, length in zip(generated.tolist(), lengths.tolist(), strict=True)]

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from qkv.data.batching import token_budget_batches
+from qkv.data.batching import pad_rows, token_budget_batches
 from qkv.data.special import BOS_ID, EOS_ID, PAD_ID
 from qkv.errors import ConfigError
 from qkv.fits import fits, type_name
@@ -136,11 +136,7 @@ def translate_hypotheses(
 
         def decode(index: int) -> list[list[Found]]:
             rows = batches[index]
-            width = max(len(sources[r]) for r in rows)
-            src = torch.full((len(rows), width), PAD_ID, dtype=torch.long)  # (B, S)
-            for j, r in enumerate(rows):
-                src[j, : len(sources[r])] = torch.tensor(sources[r])
-            src = src.to(device)
+            src = torch.from_numpy(pad_rows([sources[r] for r in rows])).to(device)  # (B, S)
             row_seeds = [seeds[r] for r in rows]
             found = _decode_batch(decoding, src, options, row_seeds, weights, n_best)
             if scored and (options.sampling or options.beam_size == 1):

@@ -93,12 +93,9 @@ class Translator:
         )
         return cls(model, tokenizer, placed, exported)
 
-    def encode(self, sentences: list[str]) -> list[list[int]]:
-        """Token ids, truncated (with a warning) to what the model's positions allow."""
-        return self._encode(sentences)
-
-    def _encode(self, sentences: list[str], stacklevel: int = 3) -> list[list[int]]:
-        """`encode`, for `encode` and `translate` alike: its warning names their caller's line."""
+    def encode(self, sentences: list[str], stacklevel: int = 2) -> list[list[int]]:
+        """Token ids, truncated to what the model's positions allow, with a warning that names
+        the line `stacklevel` frames up (the caller's by default)."""
         limit = self.model.config.max_len - 1
         ids = self.tokenizer.encode_batch(sentences)
         long = [i for i, s in enumerate(ids) if len(s) > limit]
@@ -152,7 +149,7 @@ class Translator:
         sentences = texts_list(sentences, "sentences")
         decode = DecodeOptions(beam_size=beam_size, **options)  # type: ignore[arg-type]
         texts = ["" if is_blank(s) else s for s in sentences]
-        sources = self._encode(texts, stacklevel)
+        sources = self.encode(texts, stacklevel)
         if self.engine is not None:
             found = self.engine.translate_hypotheses(sources, decode, n_best)
         else:

@@ -292,10 +292,7 @@ def prepare(
                     writer.add(f"{split}.ids", encode_texts(tokenizer, chunk, data))
                 classes = np.array([index[y] for y in split_labels], dtype=np.int32)
                 writer.append(f"{split}.labels", classes, np.ones(len(classes), np.int64))
-            writer.finish(digests)
-        cache = open_token_cache(cache_path, verify=False)
-        if cache is None:
-            raise DataError(cache_path, "the token cache just written cannot be read back")
+            cache = writer.finish(digests)
     return tokenizer, cache.arrays, data
 
 

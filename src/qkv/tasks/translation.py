@@ -227,11 +227,8 @@ def _build_cache(
             print(f"skipping {done.read - done.kept} training pairs longer than {limit} tokens")
         writer.add("valid.src", tokenizer.encode_batch(valid[0]))
         writer.add("valid.tgt", tokenizer.encode_batch(valid[1]))
-        writer.finish({**digests, "train.src": done.src_digest, "train.tgt": done.tgt_digest})
-    cache = open_token_cache(path, verify=False)
-    if cache is None:
-        raise DataError(path, "the token cache just written cannot be read back")
-    return cache
+        digests = {**digests, "train.src": done.src_digest, "train.tgt": done.tgt_digest}
+        return writer.finish(digests)
 
 
 def train_lengths(corpora: Mapping[str, TokenArray]) -> np.ndarray:

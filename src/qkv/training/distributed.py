@@ -164,12 +164,7 @@ def from_main(value: T) -> T:
 
 def gather_floats(values: Sequence[float]) -> Tensor:
     """Every rank's `values`, as rows of a (world, len(values)) float64 tensor."""
-    mine = torch.tensor(list(values), dtype=torch.float64)
-    if world_size() == 1:
-        return mine[None]
-    rows = [torch.empty_like(mine) for _ in range(world_size())]
-    dist.all_gather(rows, mine)
-    return torch.stack(rows)  # (W, len(values))
+    return torch.stack(gather_tensors(torch.tensor(list(values), dtype=torch.float64)))
 
 
 def gather_tensors(tensor: Tensor) -> list[Tensor]:

@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from qkv.training.checkpoint import atomic_write_text
-
-
-def rank() -> int:
-    """This process's rank under torchrun (0 when not distributed)."""
-    return int(os.environ.get("RANK", "0"))
+from qkv.training.distributed import is_main
 
 
 class MetricsLog:
@@ -24,7 +19,7 @@ class MetricsLog:
         self.board: Any = None
 
     def write(self, record: dict[str, Any]) -> None:
-        if rank() != 0:
+        if not is_main():
             return
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")

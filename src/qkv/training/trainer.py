@@ -296,11 +296,13 @@ class Trainer:
         # DDP averages the ranks' gradients; each divides by total / world, so that the
         # average is the gradient of (every rank's summed loss) / total, as in one process.
         scale = max(total, 1) / self.world
+        ddp = self.ddp  # under torchrun: the loss through DDP, whose hooks sync gradients
         for i, batch in enumerate(group):
-            with self.no_sync(i < len(group) - 1):
-                with self.autocast():
-                    loss, extra = self.forward(batch)
-                (loss / scale).backward()
+            last = i == len(group) - 1  # DDP syncs at a step's last batch only
+            sync = ddp.no_sync() if ddp is not None and not last else contextlib.nullcontext()
+            with sync, self.autocast():
+                loss, extra = ddp(batch) if ddp is not None else self.task.loss(batch, self.device)
+            (loss / scale).backward()
             loss_sum += float(loss.detach())
             for key, value in extra.items():
                 stats[key] = stats.get(key, 0.0) + value
@@ -310,18 +312,6 @@ class Trainer:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss_sum, norm, stats
-
-    def forward(self, batch: Any) -> tuple[torch.Tensor, dict[str, float]]:
-        """The task's summed loss of `batch` and its statistics, through DDP under torchrun."""
-        if self.ddp is not None:
-            return self.ddp(batch)
-        return self.task.loss(batch, self.device)
-
-    def no_sync(self, skip: bool) -> contextlib.AbstractContextManager[Any]:
-        """Under DDP with `skip`: gradients kept on this rank (all but a step's last batch)."""
-        if self.ddp is not None and skip:
-            return self.ddp.no_sync()
-        return contextlib.nullcontext()
 
     def count_bad_step(self) -> None:
         """Warn of a skipped step; stop the run after `max_bad_steps` of them in a row."""
