@@ -178,7 +178,8 @@ def measure(size: int, args: argparse.Namespace, tokenizer: Tokenizer) -> dict[s
         if args.compare_workers:
             row.update(compare_workers(tokenizer, corpus, args))
             args.compare_workers = False  # on the first size only
-    row.update(peak_rss(corpus, args.workdir / f"run-{size}", args))
+    if size <= args.rss_max:
+        row.update(peak_rss(corpus, args.workdir / f"run-{size}", args))
     print(json.dumps(row), flush=True)
     return row
 
@@ -200,7 +201,7 @@ def count_pairs(corpus: Path) -> int:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    base = rows[0]["peak_rss_mib"]
+    base = next((row["peak_rss_mib"] for row in rows if "peak_rss_mib" in row), 1.0)
     lines = [
         "| pairs | HF encode_batch | HF encode_batch_fast | qkv cache | qkv / fastest HF "
         "| peak RSS (MiB) | RSS / smallest | train run (s) |",
@@ -212,11 +213,11 @@ def table(rows: list[dict[str, Any]]) -> str:
             fastest = max(row["encode_batch"], row["encode_batch_fast"])
             rates = [f"{row[k]:,.0f}" for k in ("encode_batch", "encode_batch_fast", "qkv")]
             rates.append(f"{row['qkv'] / fastest:.0%}")
-        rss = row["peak_rss_mib"]
-        lines.append(
-            f"| {row['pairs']:,} | {' | '.join(rates)} | {rss:,.0f} | {rss / base:.2f} "
-            f"| {row['train_s']:.0f} |"
-        )
+        memory = ["—"] * 3
+        if "peak_rss_mib" in row:
+            rss = row["peak_rss_mib"]
+            memory = [f"{rss:,.0f}", f"{rss / base:.2f}", f"{row['train_s']:.0f}"]
+        lines.append(f"| {row['pairs']:,} | {' | '.join(rates + memory)} |")
     return "\n".join(lines)
 
 
@@ -229,6 +230,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tokenizer-sample", type=int, default=200_000)
     parser.add_argument("--throughput-max", type=int, default=2_000_000, help="larger: RSS only")
+    parser.add_argument("--rss-max", type=int, default=2**62, help="larger: throughput only")
     parser.add_argument("--rounds", type=int, default=2, help="tokenization timings, best of")
     parser.add_argument("--compare-workers", action="store_true")
     parser.add_argument("--src", type=Path, default=ROOT / "src", help="the qkv trained")
