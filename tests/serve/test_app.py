@@ -10,11 +10,9 @@ from typing import Any
 
 import httpx
 import pytest
-import torch
 
 from qkv.inference.classifier import Classifier
 from qkv.inference.translator import Translator
-from qkv.inference.workers import usable_cpus
 from qkv.serve.app import create_app
 from qkv.serve.models import Batching, Served, load_served
 from qkv.serve.schema import Limits
@@ -172,21 +170,3 @@ def texts(answer: dict[str, Any]) -> list[list[str]]:
 
 def scores(answer: dict[str, Any]) -> list[float]:
     return [h["score"] for r in answer["results"] for h in r["n_best"]]
-
-
-def test_ctranslate2_replicas_decode_batches_at_once_each_request_its_own(
-    translation_run: Path,
-) -> None:
-    pytest.importorskip("ctranslate2")
-    torch.set_num_threads(2)  # two replicas of one thread (the fixture restores the threads)
-    served = load_served([translation_run], engine="ctranslate2", batching=Batching(window=0.05))
-    assert served["dates"].batcher.in_flight == min(2, usable_cpus())
-    try:
-        with running(create_app(served, LIMITS)) as address:
-            alone = [post(address, "/translate", {"texts": [d], "beam": 3}).json() for d in DATES]
-            with ThreadPoolExecutor(len(DATES) * 2) as pool:
-                bodies = [{"texts": [d], "beam": 3} for d in DATES * 2]
-                answers = list(pool.map(lambda b: post(address, "/translate", b).json(), bodies))
-    finally:
-        served["dates"].batcher.close()
-    assert [texts(a) for a in answers] == [texts(a) for a in alone * 2]

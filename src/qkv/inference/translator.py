@@ -32,8 +32,6 @@ class Hypothesis:
 
 
 class Engine(Protocol):
-    replicas: int  # calls it can decode at once, apart
-
     def translate_hypotheses(
         self, sources: list[list[int]], options: DecodeOptions, n_best: int
     ) -> list[list[Found]]: ...

@@ -3,9 +3,7 @@
 Each served model has one `Batcher`, a thread that takes the first waiting job, gathers for
 `window` seconds more the jobs that share its decoding options (up to `max_tokens` source
 tokens), runs them as one call, and hands each job its own slice of the results, in order.
-A job with other options waits for the next round. With `in_flight` > 1 (an engine whose
-replicas decode apart), a batch is gathered and started while earlier ones still run, up to
-`in_flight` calls at once.
+A job with other options waits for the next round.
 """
 
 from __future__ import annotations
@@ -14,7 +12,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,15 +31,11 @@ class Job:
 class Batcher:
     """One worker thread running `run` over gathered jobs."""
 
-    def __init__(
-        self, run: Run, window: float = 0.01, max_tokens: int = 8192, in_flight: int = 1
-    ) -> None:
-        self.run, self.window, self.max_tokens, self.in_flight = run, window, max_tokens, in_flight
+    def __init__(self, run: Run, window: float = 0.01, max_tokens: int = 8192) -> None:
+        self.run, self.window, self.max_tokens = run, window, max_tokens
         self.jobs: queue.Queue[Job | None] = queue.Queue()
         self.waiting: list[Job] = []  # taken from the queue, with other options than a batch's
         self.batches = 0  # calls of `run` so far
-        self.slots = threading.Semaphore(in_flight)  # calls that may run at once
-        self.runners = ThreadPoolExecutor(in_flight, thread_name_prefix="qkv-batch")
         self.thread = threading.Thread(target=self._loop, name="qkv-batcher", daemon=True)
         self.thread.start()
 
@@ -54,19 +48,16 @@ class Batcher:
         """Finish every job submitted so far, then stop the thread."""
         self.jobs.put(None)
         self.thread.join()
-        self.runners.shutdown()
 
     def _loop(self) -> None:
         closing = False
         while not closing or self.waiting:
-            self.slots.acquire()  # a batch is gathered once a call may start
             first = self.waiting.pop(0) if self.waiting else self.jobs.get()
             if first is None:
                 closing = True
-                self.slots.release()
                 continue
             batch, closing = self._gather(first, closing)
-            self.runners.submit(self._run, batch)
+            self._run(batch)
 
     def _gather(self, first: Job, closing: bool) -> tuple[list[Job], bool]:
         """`first` and the jobs with its options that fit the budget, from those waiting and
@@ -100,8 +91,6 @@ class Batcher:
             for job in batch:
                 job.future.set_exception(error)
             return
-        finally:
-            self.slots.release()
         self.batches += 1
         start = 0
         for job in batch:

@@ -48,8 +48,7 @@ class ServedTranslator:
         self, name: str, run_dir: Path, translator: Translator, engine: str, batcher: Batching
     ) -> None:
         self.name, self.run_dir, self.translator, self.engine = name, run_dir, translator, engine
-        in_flight = translator.engine.replicas if translator.engine else 1  # torch: its own workers
-        self.batcher = Batcher(self._run, batcher.window, batcher.max_tokens, in_flight)
+        self.batcher = Batcher(self._run, batcher.window, batcher.max_tokens)
 
     def info(self) -> dict[str, Any]:
         return {"name": self.name, "task": self.task, "engine": self.engine}
