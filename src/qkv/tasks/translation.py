@@ -98,7 +98,7 @@ class TranslationTask:
         self.valid_refs = valid_refs
         self.label_smoothing = train.label_smoothing
         self.target_lengths = self.tgt.lengths  # (n,)
-        self.lengths = np.maximum(self.src.lengths, self.target_lengths) + 1  # (n,) as pair_lengths
+        self.lengths = padded_lengths(self.src, self.tgt)  # (n,)
         self.trivial = 1.0  # validation BLEU at or below it: nothing learned
 
     def batches(self, epoch: int) -> list[np.ndarray]:
@@ -231,9 +231,9 @@ def _build_cache(
         return writer.finish(digests)
 
 
-def train_lengths(corpora: Mapping[str, TokenArray]) -> np.ndarray:
-    """(n,) padded lengths of the training pairs, as `pair_lengths` gives them."""
-    return np.maximum(corpora["train.src"].lengths, corpora["train.tgt"].lengths) + 1
+def padded_lengths(src: TokenArray, tgt: TokenArray) -> np.ndarray:
+    """(n,) padded lengths of the pairs, as `pair_lengths` gives them."""
+    return np.maximum(src.lengths, tgt.lengths) + 1
 
 
 def train_translation(
@@ -276,7 +276,9 @@ def train_translation(
         fast.apply(model)
     plan = ""
     if not resume:
-        train_config, plan = planned(train_config, train_lengths(corpora), explicit)
+        train_config, plan = planned(
+            train_config, padded_lengths(corpora["train.src"], corpora["train.tgt"]), explicit
+        )
     (resume or RunConfig("translation", model_config, train_config, asdict(data))).save(run_dir)
     task = TranslationTask(model, tokenizer, corpora, valid_refs, train_config)
     trainer = Trainer(task, train_config, run_dir, device)
