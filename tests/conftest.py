@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +11,10 @@ import pytest
 import torch
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+# A shell starts background jobs with Ctrl-C ignored; the Ctrl-C tests need Python's own handler.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 DATA_DIR = Path(
     os.environ.get("QKV_DATA", Path(__file__).resolve().parents[1] / ".." / "shared" / "data")
