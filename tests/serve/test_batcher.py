@@ -4,6 +4,7 @@ its own jobs only."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Hashable
 
 import pytest
@@ -21,12 +22,15 @@ def test_jobs_waiting_together_run_as_one_call_each_with_its_results() -> None:
 
     batcher = Batcher(run, window=0.05)
     first = batcher.submit("a", ["x"], 1)
-    later = [batcher.submit("a", [f"y{i}", f"z{i}"], 2) for i in range(3)]  # wait for `first`
+    while not calls:  # the first call is running, held
+        time.sleep(0.01)
+    later = [batcher.submit("a", [f"y{i}", f"z{i}"], 2) for i in range(3)]  # they wait together
     release.set()
     assert first.result(timeout=10) == ["a:x"]
     assert [job.result(timeout=10) for job in later] == [[f"a:y{i}", f"a:z{i}"] for i in range(3)]
     batcher.close()
-    assert len(calls) == batcher.batches <= 2
+    assert calls == [["x"], ["y0", "z0", "y1", "z1", "y2", "z2"]]
+    assert batcher.batches == 2
 
 
 def test_a_failing_call_fails_its_jobs_and_the_batcher_goes_on() -> None:
