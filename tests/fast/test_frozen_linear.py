@@ -64,10 +64,32 @@ def test_frozen_linear_in_bf16_where_native(monkeypatch: pytest.MonkeyPatch) -> 
         assert frozen.blocked is None  # reordered at the first call
         torch.testing.assert_close(frozen(x).float(), layer(x).float(), rtol=1e-2, atol=1e-2)
         assert (frozen.blocked is not None) == (native and torch.backends.mkldnn.is_available())
-        monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+        monkeypatch.setattr(qkv.fast.frozen_linear, "cpu_bf16_matmuls", lambda: False)
         other = FrozenLinear(layer, 64)
         other(x)
         assert other.blocked is None  # no native bf16: the layer as it is
+
+
+def test_bf16_products_need_the_instructions_and_a_right_onednn_product(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from qkv.fast import frozen_linear
+
+    def failing(*args: object) -> None:
+        raise RuntimeError("no bf16 here")
+
+    monkeypatch.setattr(frozen_linear, "onednn_available", lambda: True)
+    for instructions, product, native in [
+        (False, frozen_linear.onednn_linear, False),
+        (True, failing, False),
+        (True, lambda x, w: torch.zeros(8, 3, dtype=torch.bfloat16), False),
+        (True, lambda x, w: torch.nn.functional.linear(x, w), True),
+    ]:
+        monkeypatch.setattr(frozen_linear, "_bf16_instructions", lambda found=instructions: found)
+        monkeypatch.setattr(frozen_linear, "onednn_linear", product)
+        frozen_linear.cpu_bf16_matmuls.cache_clear()
+        assert frozen_linear.cpu_bf16_matmuls() is native
+    frozen_linear.cpu_bf16_matmuls.cache_clear()
 
 
 def test_frozen_linear_reorders_at_its_first_call_only(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,6 +4,8 @@ decodes what the reference decoding decodes (`model.decode_step` over `model.ini
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ from qkv.data.special import BOS_ID, EOS_ID, PAD_ID
 from qkv.inference.beam import beam_search
 from qkv.inference.incremental import DecodingWeights, ModelDecoder
 from qkv.inference.search import greedy_search, sample
+from qkv.inference.translate import DecodeOptions, translate_ids
 from qkv.model.seq2seq import Seq2SeqTransformer
 from tests.inference.helpers import ReferenceDecoder, fast_copy, shared_prefixes, tokens_of
 from tests.model.helpers import random_ids, tiny_config
@@ -164,40 +167,17 @@ def test_decoding_leaves_the_model_as_it_was(fast_modules: bool) -> None:
         assert p is parameters[name][0] and torch.equal(p, parameters[name][1]), name
 
 
-def test_weights_that_are_inference_tensors_are_made_every_time() -> None:
-    with torch.inference_mode():  # no version counters to tell a change
-        model = Seq2SeqTransformer(tiny_config(vocab_size=60)).eval()
-        weights = DecodingWeights(model)
-        src = random_ids(5, 7, vocab=60)
-        before = greedy(model, src, weights)
-        made = weights.frozen(5)
-        model.output.weight.mul_(-3.0)
-        assert weights.frozen(5) != made
-        assert greedy(model, src, weights) == greedy(model, src, None) != before
-
-
-def test_without_version_counters_the_weights_are_made_every_time(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The fallback where torch's private `_version` cannot be read."""
-    from qkv.inference import incremental
-
-    model = Seq2SeqTransformer(tiny_config(vocab_size=60)).eval()
-    weights = DecodingWeights(model)
-    assert weights.frozen(5)[0] is weights.frozen(5)[0]  # version counters: kept
-    monkeypatch.setattr(incremental, "getattr", lambda *args: None, raising=False)
-    made = weights.frozen(5)[0]
-    assert weights.frozen(5)[0] is not made  # nothing tells an unchanged weight: made again
-
-
 @pytest.mark.parametrize("change", ["in place", "encoder in place", "replaced", "loaded"])
-def test_decoding_weights_are_made_again_after_the_weights_change(change: str) -> None:
+def test_a_decoding_call_after_the_weights_change_decodes_with_the_new_weights(
+    change: str,
+) -> None:
+    """Each call makes its own frozen weights, so training further, or loading other weights,
+    between two calls changes what the second decodes."""
     torch.manual_seed(0)
     model = Seq2SeqTransformer(tiny_config(vocab_size=60)).eval()
-    src = random_ids(5, 7, vocab=60)
-    weights = DecodingWeights(model)
-    with torch.inference_mode():
-        before = greedy(model, src, weights)
+    sources = random_ids(5, 7, vocab=60).tolist()
+    options = DecodeOptions(beam_size=1, max_len_a=0.0, max_len_b=9, workers=1)
+    before = translate_ids(model, sources, options, torch.device("cpu"))
     layer = model.decoder.layers[0].ffn.linear1
     with torch.no_grad():
         if change == "in place":
@@ -211,10 +191,10 @@ def test_decoding_weights_are_made_again_after_the_weights_change(change: str) -
         else:
             torch.manual_seed(5)
             model.load_state_dict(Seq2SeqTransformer(tiny_config(vocab_size=60)).state_dict())
-    with torch.inference_mode():
-        after = greedy(model, src, weights)
-        assert after == greedy(model, src, None)
+    after = translate_ids(model, sources, options, torch.device("cpu"))
     assert after != before
+    reference = translate_ids(copy.deepcopy(model), sources, options, torch.device("cpu"))
+    assert after == reference
 
 
 def test_decoding_weights_of_another_model_are_refused() -> None:

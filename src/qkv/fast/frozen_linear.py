@@ -13,7 +13,7 @@ from typing import TypeVar
 import torch
 from torch import Tensor, nn
 
-from qkv.fast.linear import linear, onednn_available
+from qkv.fast.linear import linear, onednn_available, onednn_linear, reorder_for_onednn
 
 _Module = TypeVar("_Module", bound=nn.Module)
 
@@ -42,7 +42,7 @@ class FrozenLinear(nn.Module):
             blocked = self._blocked()
             if blocked is not None and x.dtype == blocked.dtype:
                 activation = "relu" if relu else "none"
-                return torch.ops.mkldnn._linear_pointwise(x, blocked, self.bias, activation, [], "")
+                return onednn_linear(x, blocked, self.bias, activation)
         out = linear(x, self.linear.weight, self.linear.bias)  # (..., out)
         return torch.relu(out) if relu else out
 
@@ -59,7 +59,7 @@ class FrozenLinear(nn.Module):
         if self.blocked is None and self.reorders:
             try:
                 weight = self.linear.weight.detach()
-                self.blocked = torch.ops.mkldnn._reorder_linear_weight(weight, self.rows)
+                self.blocked = reorder_for_onednn(weight, self.rows)
             except (AttributeError, RuntimeError):  # a torch without the operator
                 self.reorders = False
         return self.blocked
@@ -67,19 +67,24 @@ class FrozenLinear(nn.Module):
 
 def frozen_copy(module: _Module, rows: int, keep: Collection[str] = ()) -> _Module:
     """A copy of `module` sharing its parameters, buffers and settings, in which every
-    `nn.Linear` below it is a `FrozenLinear`, except under the children named in `keep`."""
-    twin = copy.copy(module)  # a new object whose attributes are the module's own
-    twin._modules = {
-        name: child if name in keep else _frozen(child, rows)
-        for name, child in module._modules.items()
-    }
+    `nn.Linear` below it is a `FrozenLinear`, except under the children named in `keep`
+    (shared as they are)."""
+    kept = [child for name, child in module.named_children() if name in keep]
+    shared = [*module.parameters(), *module.buffers(), *kept]
+    twin = copy.deepcopy(module, {id(t): t for t in shared})
+    _freeze(twin, rows, {id(child) for child in kept})
     return twin
 
 
-def _frozen(module: nn.Module | None, rows: int) -> nn.Module | None:
-    if isinstance(module, nn.Linear):
-        return FrozenLinear(module, rows)
-    return None if module is None else frozen_copy(module, rows)
+def _freeze(module: nn.Module, rows: int, kept: set[int]) -> None:
+    """Every `nn.Linear` below `module` made a `FrozenLinear`, except under modules in `kept`."""
+    for name, child in module.named_children():
+        if id(child) in kept:
+            continue
+        if isinstance(child, nn.Linear):
+            setattr(module, name, FrozenLinear(child, rows))
+        else:
+            _freeze(child, rows, kept)
 
 
 def as_linear(weight: Tensor, bias: Tensor | None = None) -> nn.Linear:
@@ -101,15 +106,20 @@ def _applies(t: Tensor) -> bool:
     )
 
 
+@functools.cache
 def cpu_bf16_matmuls() -> bool:
     """Whether this CPU multiplies bf16 matrices natively through oneDNN: oneDNN also takes
     them where it only emulates them, slower than float32, so /proc/cpuinfo must show
-    AVX512-BF16 or AMX-BF16 too."""
-    if not (torch.backends.mkldnn.is_available() and _bf16_instructions()):
+    AVX512-BF16 or AMX-BF16, and a small bf16 product in oneDNN must come out right."""
+    if not (onednn_available() and _bf16_instructions()):
         return False
-    try:  # a private operator: a torch without it has no bf16 products to offer here
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
+    x, weight = (
+        torch.ones(8, 4, dtype=torch.bfloat16),
+        torch.full((3, 4), 0.5, dtype=torch.bfloat16),
+    )
+    try:
+        return torch.equal(onednn_linear(x, weight), torch.full((8, 3), 2.0, dtype=torch.bfloat16))
+    except RuntimeError:  # a oneDNN built without bf16 products
         return False
 
 

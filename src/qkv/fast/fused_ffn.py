@@ -41,7 +41,7 @@ class _LinearReluDropout(torch.autograd.Function):
         ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None, levels: int, scale: float
     ) -> Tensor:
         rows = onednn._padded(x.reshape(-1, x.size(-1)))  # (M', D)
-        hidden = onednn._product(rows, weight, bias, "relu")  # (M', F)
+        hidden = onednn.onednn_linear(rows, weight, bias, "relu")  # (M', F)
         out = hashed._hashed(hidden, hashed._draw_seed(), levels, scale)  # (M', F)
         ctx.save_for_backward(rows, weight, out)
         ctx.has_bias, ctx.shape, ctx.scale = bias is not None, x.shape, scale

@@ -38,7 +38,7 @@ class _OneDNNLinear(torch.autograd.Function):
         rows = _padded(x.reshape(-1, x.size(-1)))  # (M', in)
         ctx.save_for_backward(rows, weight)  # the padded rows, for the weight's gradient
         ctx.has_bias, ctx.shape = bias is not None, x.shape
-        out = _product(rows, weight, bias)[: x.numel() // x.size(-1)]  # (M, out)
+        out = onednn_linear(rows, weight, bias)[: x.numel() // x.size(-1)]  # (M, out)
         return out.view(*x.shape[:-1], weight.size(0))  # (..., out)
 
     @staticmethod
@@ -56,7 +56,7 @@ def _grads(
     grad_x = grad_w = grad_b = None
     if ctx.needs_input_grad[0]:
         count = ctx.shape.numel() // ctx.shape[-1]
-        grad_x = _product(grad, weight.t())[:count].view(ctx.shape)
+        grad_x = onednn_linear(grad, weight.t())[:count].view(ctx.shape)
     if ctx.needs_input_grad[1]:
         grad_w = _weight_grad(grad, inputs)  # (out, in)
     if ctx.has_bias and ctx.needs_input_grad[2]:
@@ -68,8 +68,8 @@ def _weight_grad(grad: Tensor, inputs: Tensor) -> Tensor:
     """grad (M, out), inputs (M, in) -> gradᵀ inputs (out, in); the narrower factor is copied
     as the source: oneDNN reads a transposed weight operand fast, a transposed source slowly."""
     if grad.size(1) > inputs.size(1):
-        return _product(inputs.t().contiguous(), grad.t()).t().contiguous()  # (out, in)
-    return _product(grad.t().contiguous(), inputs.t())  # (out, in)
+        return onednn_linear(inputs.t().contiguous(), grad.t()).t().contiguous()  # (out, in)
+    return onednn_linear(grad.t().contiguous(), inputs.t())  # (out, in)
 
 
 STEPS_PER_DOUBLING = 16  # row counts `padded_rows` keeps per doubling: at most 1/16 more
@@ -96,12 +96,20 @@ def _padded(rows: Tensor) -> Tensor:
     return padded
 
 
-def _product(
+def onednn_linear(
     x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: str = "none"
 ) -> Tensor:
-    """x (m, k) Wᵀ + b in oneDNN -> (m, n), for weight (n, k); `activation` "relu" applies a
-    ReLU as it writes the product."""
+    """x (..., k) Wᵀ + b in oneDNN -> (..., n), for weight (n, k) or the blocked weight made by
+    `reorder_for_onednn`; `activation` "relu" applies a ReLU as it writes the product. The one
+    call of oneDNN's private linear operator: callers check `onednn_available` first."""
     out: Tensor = torch.ops.mkldnn._linear_pointwise(x, weight, bias, activation, [], "")
+    return out
+
+
+def reorder_for_onednn(weight: Tensor, rows: int) -> Tensor:
+    """weight (n, k) in oneDNN's blocked layout for products of about `rows` rows, for
+    `onednn_linear`; oneDNN's private operator, so callers check `onednn_available` first."""
+    out: Tensor = torch.ops.mkldnn._reorder_linear_weight(weight, rows)
     return out
 
 
@@ -144,6 +152,6 @@ def onednn_available() -> bool:
         return False
     try:
         x, weight = torch.ones(8, 4), torch.full((3, 4), 0.5)
-        return torch.equal(_product(x, weight), F.linear(x, weight))
+        return torch.equal(onednn_linear(x, weight), F.linear(x, weight))
     except (AttributeError, RuntimeError):
         return False

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 
 from torch import Tensor
 
@@ -13,26 +13,24 @@ from qkv.model.seq2seq import Seq2SeqTransformer
 
 
 class DecodingWeights:
-    """A model whose decoder and output layer are frozen for decoding, made once for the
-    `ModelDecoder`s of many batches (and workers) and again when a weight changes (except
-    through `tensor.data`; at every call for inference tensors)."""
+    """A model whose decoder and output layer are frozen for decoding, made once, at the first
+    batch, for the `ModelDecoder`s of many batches (and workers) of one decoding call. The
+    frozen layers keep the weights as they were then: make a new one after the weights change
+    (`translate_ids` makes one per call)."""
 
     def __init__(self, model: Seq2SeqTransformer) -> None:
         self.model = model
-        self._made: tuple[Hashable, Seq2SeqTransformer, OutputLayer] | None = None
+        self._made: tuple[Seq2SeqTransformer, OutputLayer] | None = None
         self._making = threading.Lock()
 
     def frozen(self, rows: int) -> tuple[Seq2SeqTransformer, OutputLayer]:
         """The model with its decoder frozen and the frozen output layer; `rows`, the usual
         number of rows per step, is a hint for the weights' layout."""
         with self._making:
-            # what changes when a weight does (never equal without version counters)
-            parameters = self.model.parameters()
-            stamp = tuple((id(p), p.data_ptr(), _version(p), p.dtype, p.device) for p in parameters)
-            if self._made is None or self._made[0] != stamp:
+            if self._made is None:
                 model = frozen_for_decoding(self.model, rows)
-                self._made = stamp, model, OutputLayer(self.model.output, rows)
-            return self._made[1], self._made[2]
+                self._made = model, OutputLayer(self.model.output, rows)
+            return self._made
 
 
 class ModelDecoder:
@@ -72,9 +70,3 @@ class ModelDecoder:
     def select(self, rows: Tensor, held: Tensor | None = None) -> None:
         """As `IncrementalDecoder.select`."""
         self.cache.select(rows, held)
-
-
-def _version(tensor: Tensor) -> Hashable:
-    """The tensor's version counter (private), or a new object where there is none."""
-    version = None if tensor.is_inference() else getattr(tensor, "_version", None)
-    return object() if version is None else version
