@@ -71,10 +71,7 @@ def line_chunks(
                 text = text.removeprefix("\ufeff")
                 if not text:
                     raise DataError(path, "file is empty")
-            lines = text.split("\n")
-            if lines[-1] == "":
-                lines.pop()
-            lines = [line.rstrip("\r") for line in lines]
+            lines = split_text(text)
             if first == 1 and len(raw) == 1 and not raw[0].endswith(b"\n") and "\r" in lines[0]:
                 raise DataError(path, CR_ALONE)
             if not allow_empty and (blank := _first_blank(lines)) is not None:
@@ -83,6 +80,15 @@ def line_chunks(
             yield lines
     if first == 1:
         raise DataError(path, "file is empty")
+
+
+def split_text(text: str) -> list[str]:
+    """The lines of `text`, split on "\\n" only, without the carriage returns that end them
+    (a final "\\n" ends the last line; it does not start another)."""
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line.rstrip("\r") for line in lines]
 
 
 def read_text(path: str | Path) -> str:

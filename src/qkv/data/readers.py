@@ -19,6 +19,7 @@ from qkv.data.lines import (
     is_blank,
     line_chunks,
     read_text,
+    split_text,
 )
 from qkv.errors import DataError
 
@@ -118,10 +119,7 @@ def split_lines(text: str, path: str | Path) -> list[str]:
     Lines are split on "\\n" only, not on the other breaks `str.splitlines` knows, so that a
     stray U+2028 cannot shift a parallel corpus out of alignment.
     """
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()
-    lines = [line.rstrip("\r") for line in lines]
+    lines = split_text(text)
     if "\n" not in text and len(lines) == 1 and "\r" in lines[0]:  # "\n"-ended: a CR inside
         raise DataError(path, CR_ALONE)
     return lines
