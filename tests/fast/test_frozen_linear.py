@@ -73,20 +73,20 @@ def test_frozen_linear_in_bf16_where_native(monkeypatch: pytest.MonkeyPatch) -> 
 def test_bf16_products_need_the_instructions_and_a_right_onednn_product(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from qkv.fast import frozen_linear
+    from qkv.fast import frozen_linear, linear
 
     def failing(*args: object) -> None:
         raise RuntimeError("no bf16 here")
 
     monkeypatch.setattr(frozen_linear, "onednn_available", lambda: True)
     for instructions, product, native in [
-        (False, frozen_linear.onednn_linear, False),
+        (False, linear.onednn_linear, False),
         (True, failing, False),
         (True, lambda x, w: torch.zeros(8, 3, dtype=torch.bfloat16), False),
         (True, lambda x, w: torch.nn.functional.linear(x, w), True),
     ]:
         monkeypatch.setattr(frozen_linear, "_bf16_instructions", lambda found=instructions: found)
-        monkeypatch.setattr(frozen_linear, "onednn_linear", product)
+        monkeypatch.setattr(linear, "onednn_linear", product)
         frozen_linear.cpu_bf16_matmuls.cache_clear()
         assert frozen_linear.cpu_bf16_matmuls() is native
     frozen_linear.cpu_bf16_matmuls.cache_clear()

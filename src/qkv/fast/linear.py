@@ -148,10 +148,14 @@ def cpu_vendor() -> str:
 @functools.cache
 def onednn_available() -> bool:
     """Whether oneDNN's private `_linear_pointwise` operator is there and multiplies right."""
-    if not torch.backends.mkldnn.is_available():
-        return False
+    return torch.backends.mkldnn.is_available() and onednn_multiplies(torch.float32)
+
+
+def onednn_multiplies(dtype: torch.dtype) -> bool:
+    """Whether a small product of `dtype` matrices through `onednn_linear` runs and equals
+    `F.linear`'s (False where the operator is missing or refuses the dtype)."""
+    x, weight = torch.ones(8, 4, dtype=dtype), torch.full((3, 4), 0.5, dtype=dtype)
     try:
-        x, weight = torch.ones(8, 4), torch.full((3, 4), 0.5)
         return torch.equal(onednn_linear(x, weight), F.linear(x, weight))
     except (AttributeError, RuntimeError):
         return False

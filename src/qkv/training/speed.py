@@ -14,6 +14,7 @@ from qkv.training.config import TrainConfig
 from qkv.training.distributed import launched, local_rank
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
+_MALLOPT_SETTINGS = ((_M_MMAP_THRESHOLD, 1 << 30), (_M_TRIM_THRESHOLD, 1 << 31), (_M_ARENA_MAX, 1))
 
 
 def tune_allocator() -> bool:
@@ -25,12 +26,10 @@ def tune_allocator() -> bool:
         return False
     try:
         libc = ctypes.CDLL(name)
-        ok_mmap = libc.mallopt(_M_MMAP_THRESHOLD, 1 << 30)
-        ok_trim = libc.mallopt(_M_TRIM_THRESHOLD, 1 << 31)
-        ok_arenas = libc.mallopt(_M_ARENA_MAX, 1)
+        accepted = [libc.mallopt(option, value) for option, value in _MALLOPT_SETTINGS]
     except (OSError, AttributeError):
         return False
-    return bool(ok_mmap and ok_trim and ok_arenas)
+    return all(accepted)
 
 
 def set_up_process(config: TrainConfig) -> None:
