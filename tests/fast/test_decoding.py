@@ -41,7 +41,7 @@ def test_frozen_model_decodes_as_the_reference(norm_first: bool, rows: int, reor
     order = torch.tensor([2, 0, 0, *range(3, rows)]) if reorder else None  # as beams do
     with torch.inference_mode():
         expected = decode(model, src, tgt, order)
-        got = decode(frozen_for_decoding(model, rows), src, tgt, order)
+        got = decode(frozen_for_decoding(model), src, tgt, order)
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     if not reorder:
@@ -51,7 +51,7 @@ def test_frozen_model_decodes_as_the_reference(norm_first: bool, rows: int, reor
 def test_the_copy_shares_the_parameters_and_leaves_the_model_as_it_was() -> None:
     model = Seq2SeqTransformer(tiny_config()).eval()
     before = [type(m) for m in model.modules()]
-    twin = frozen_for_decoding(model, 8)
+    twin = frozen_for_decoding(model)
     assert [type(m) for m in model.modules()] == before
     assert twin.encoder is model.encoder and twin.output is model.output
     assert [id(p) for p in twin.parameters()] == [id(p) for p in model.parameters()]
@@ -62,7 +62,7 @@ def test_the_copy_shares_the_parameters_and_leaves_the_model_as_it_was() -> None
 
 def test_steps_reorder_what_runs_every_step_not_the_sources_keys_values() -> None:
     model = Seq2SeqTransformer(tiny_config()).eval()
-    twin = frozen_for_decoding(model, 8)
+    twin = frozen_for_decoding(model)
     src, tgt = random_ids(8, 6), random_ids(8, 1)
     with torch.inference_mode():
         memory, src_mask, _ = twin.encode(src)

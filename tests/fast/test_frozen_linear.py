@@ -7,7 +7,13 @@ import torch
 from torch import nn
 
 import qkv.fast
-from qkv.fast.frozen_linear import FrozenLinear, cpu_bf16_matmuls, frozen_copy
+from qkv.fast.frozen_linear import (
+    MIN_ROWS,
+    ROWS_HINT,
+    FrozenLinear,
+    cpu_bf16_matmuls,
+    frozen_copy,
+)
 from qkv.fast.linear import Linear
 from qkv.model.seq2seq import Seq2SeqTransformer
 from tests.model.helpers import random_ids, tiny_config
@@ -17,7 +23,7 @@ from tests.model.helpers import random_ids, tiny_config
 def test_frozen_linear_equals_the_layer(rows: int, bias: bool) -> None:
     torch.manual_seed(0)
     layer = nn.Linear(32, 300, bias=bias)
-    frozen = FrozenLinear(layer, rows)
+    frozen = FrozenLinear(layer)
     x = torch.randn(rows, 32)
     with torch.inference_mode():
         out = frozen(x)
@@ -29,7 +35,7 @@ def test_frozen_linear_equals_the_layer(rows: int, bias: bool) -> None:
 def test_a_part_of_a_frozen_linear_equals_those_rows_of_the_layer(bias: bool) -> None:
     torch.manual_seed(0)
     layer = nn.Linear(32, 96, bias=bias)
-    frozen = FrozenLinear(layer, 8)
+    frozen = FrozenLinear(layer)
     x = torch.randn(2, 8, 32)
     with torch.inference_mode():
         part = frozen.part(32, 64)
@@ -41,7 +47,7 @@ def test_a_part_of_a_frozen_linear_equals_those_rows_of_the_layer(bias: bool) ->
 
 def test_frozen_linear_keeps_the_graph_when_gradients_are_on() -> None:
     layer = nn.Linear(8, 4)
-    out = FrozenLinear(layer, 2)(torch.randn(2, 8))
+    out = FrozenLinear(layer)(torch.randn(2, 8))
     out.sum().backward()
     assert layer.weight.grad is not None
 
@@ -50,7 +56,7 @@ def test_frozen_linear_serves_other_dtypes_with_the_layer() -> None:
     layer = nn.Linear(8, 4).to(torch.float16)
     x = torch.randn(3, 8, dtype=torch.float16)
     with torch.inference_mode():
-        frozen = FrozenLinear(layer, 3)
+        frozen = FrozenLinear(layer)
         assert torch.equal(frozen(x), layer(x)) and frozen.blocked is None
 
 
@@ -59,13 +65,13 @@ def test_frozen_linear_in_bf16_where_native(monkeypatch: pytest.MonkeyPatch) -> 
     layer = nn.Linear(32, 300).to(torch.bfloat16)
     x = torch.randn(64, 32, dtype=torch.bfloat16)
     with torch.inference_mode():
-        frozen = FrozenLinear(layer, 64)
+        frozen = FrozenLinear(layer)
         native = cpu_bf16_matmuls()
         assert frozen.blocked is None  # reordered at the first call
         torch.testing.assert_close(frozen(x).float(), layer(x).float(), rtol=1e-2, atol=1e-2)
         assert (frozen.blocked is not None) == (native and torch.backends.mkldnn.is_available())
         monkeypatch.setattr(qkv.fast.frozen_linear, "cpu_bf16_matmuls", lambda: False)
-        other = FrozenLinear(layer, 64)
+        other = FrozenLinear(layer)
         other(x)
         assert other.blocked is None  # no native bf16: the layer as it is
 
@@ -101,15 +107,35 @@ def test_frozen_linear_reorders_at_its_first_call_only(monkeypatch: pytest.Monke
         return reorder(weight, rows)
 
     monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", counted)
-    layer, x = nn.Linear(16, 24), torch.randn(5, 16)
-    frozen = FrozenLinear(layer, 5)
+    layer, x = nn.Linear(16, 24), torch.randn(2, MIN_ROWS // 2, 16)
+    frozen = FrozenLinear(layer)
     assert calls == []
     with torch.inference_mode():
         for _ in range(3):
             torch.testing.assert_close(frozen(x), layer(x), rtol=1e-5, atol=1e-5)
-    assert calls == ([5] if torch.backends.mkldnn.is_available() else [])
+    assert calls == ([ROWS_HINT] if torch.backends.mkldnn.is_available() else [])
     frozen(x)  # under autograd: the layer itself, nothing reordered
     assert len(calls) <= 1
+
+
+def test_frozen_linear_multiplies_fewer_rows_with_the_layer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Below `MIN_ROWS` rows a call the layer's own product is faster: nothing is reordered."""
+
+    def refused(*args: object) -> None:
+        raise AssertionError("reordered for a call of too few rows")
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", refused)
+    layer = nn.Linear(16, 24)
+    frozen = FrozenLinear(layer)
+    with torch.inference_mode():
+        for rows in range(1, MIN_ROWS):
+            x = torch.randn(rows, 1, 16)
+            torch.testing.assert_close(frozen(x), layer(x), rtol=1e-5, atol=1e-5)
+            out = frozen(x, relu=True)
+            torch.testing.assert_close(out, torch.relu(layer(x)), rtol=1e-5, atol=1e-5)
+    assert frozen.blocked is None
 
 
 def _layers(module: nn.Module, kind: type[nn.Module]) -> list[str]:
@@ -124,7 +150,7 @@ def test_frozen_copy_of_a_decoder_decodes_as_the_decoder(norm_first: bool, rows:
     src, tgt = random_ids(rows, 6), random_ids(rows, 5)
     src[1, 4:] = 0
     with torch.inference_mode():
-        frozen = frozen_copy(model.decoder, rows)
+        frozen = frozen_copy(model.decoder)
         memory, src_mask, _ = model.encode(src)
         caches = [model.init_cache(memory, src_mask, max_len=5) for _ in range(2)]
         for t in range(5):
@@ -142,7 +168,7 @@ def test_frozen_copy_shares_the_parameters_and_leaves_the_module_as_it_was(fast:
     decoder = model.decoder
     linears = _layers(decoder, kind)
     assert len(linears) == 2 * 6  # per layer: two attentions' in_proj and out_proj, two in the FFN
-    frozen = frozen_copy(decoder, 8)
+    frozen = frozen_copy(decoder)
     assert _layers(frozen, FrozenLinear) == linears
     assert _layers(frozen, kind) == [f"{name}.linear" for name in linears]
     assert _layers(decoder, kind) == linears and not _layers(decoder, FrozenLinear)
@@ -154,13 +180,13 @@ def test_frozen_copy_shares_the_parameters_and_leaves_the_module_as_it_was(fast:
 def test_frozen_linear_with_relu_equals_the_layer_then_relu(rows: int) -> None:
     torch.manual_seed(0)
     layer = nn.Linear(32, 300)
-    frozen = FrozenLinear(layer, rows)
+    frozen = FrozenLinear(layer)
     x = torch.randn(rows, 1, 32)
     with torch.inference_mode():
         out = frozen(x, relu=True)
         torch.testing.assert_close(out, torch.relu(layer(x)), rtol=1e-5, atol=1e-5)
         assert bool((out == 0).any()) and bool((out >= 0).all())
-    with_autograd = FrozenLinear(layer, rows)(x, relu=True)  # the unfrozen way
+    with_autograd = FrozenLinear(layer)(x, relu=True)  # the unfrozen way
     torch.testing.assert_close(with_autograd, torch.relu(layer(x)), rtol=1e-5, atol=1e-5)
 
 
@@ -187,7 +213,7 @@ def test_frozen_linear_falls_back_to_the_layer(
     missing(monkeypatch)
     torch.manual_seed(0)
     layer = nn.Linear(16, 12)
-    frozen = FrozenLinear(layer, rows=8)
+    frozen = FrozenLinear(layer)
     x = torch.randn(8, 16)
     with torch.no_grad():
         torch.testing.assert_close(frozen(x), layer(x))

@@ -21,7 +21,7 @@ def test_argmax_and_logits_are_the_layers(bias: bool) -> None:
     linear = layer(1027, bias=bias)
     x = torch.randn(33, 64)
     with torch.inference_mode():
-        output = OutputLayer(linear, 33)
+        output = OutputLayer(linear)
         torch.testing.assert_close(output.logits(x), linear(x))
         assert torch.equal(output.argmax(x), linear(x).argmax(dim=-1))
 
@@ -33,12 +33,12 @@ def test_ties_go_to_the_first_token_as_with_argmax() -> None:
         linear.weight[41] = linear.weight[40]
     x = linear.weight[40].detach().repeat(4, 1) * 5
     with torch.inference_mode():
-        assert OutputLayer(linear, 4).argmax(x).tolist() == [40, 40, 40, 40]
+        assert OutputLayer(linear).argmax(x).tolist() == [40, 40, 40, 40]
 
 
 def test_never_tokens_are_never_chosen() -> None:
     linear = layer(1030)
-    output = OutputLayer(linear, 4, never=(3, 40))
+    output = OutputLayer(linear, never=(3, 40))
     x = linear.weight[40].detach().repeat(4, 1) * 5  # token 40 would win
     with torch.inference_mode():
         found = output.argmax(x)
@@ -49,7 +49,7 @@ def test_never_tokens_are_never_chosen() -> None:
 
 def test_a_copy_excluding_other_tokens_shares_the_frozen_weights() -> None:
     linear = layer(1024)
-    output = OutputLayer(linear, 4)
+    output = OutputLayer(linear)
     x = linear.weight[40].detach().repeat(4, 1) * 5  # token 40 would win
     with torch.inference_mode():
         without = output.excluding((40,))
@@ -61,6 +61,6 @@ def test_a_copy_excluding_other_tokens_shares_the_frozen_weights() -> None:
 @pytest.mark.parametrize("never", [(-1,), (1024,), (3, 5000)])
 def test_never_tokens_outside_the_vocabulary_are_refused(never: tuple[int, ...]) -> None:
     with pytest.raises(ValueError, match=r"never: token ids must be in \[0, 1024\)"):
-        OutputLayer(layer(1024), 4, never=never)
+        OutputLayer(layer(1024), never=never)
     with pytest.raises(ValueError, match=r"never: token ids must be in \[0, 1024\)"):
-        OutputLayer(layer(1024), 4).excluding(never)
+        OutputLayer(layer(1024)).excluding(never)

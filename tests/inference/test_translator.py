@@ -37,3 +37,18 @@ def test_the_truncation_warning_names_the_callers_line(translator: Translator) -
         with pytest.warns(UserWarning, match="longer than 31 tokens were truncated") as caught:
             call([long])
         assert caught[0].filename == __file__
+
+
+def test_the_decoder_is_frozen_once_and_decodes_as_a_fresh_call(translator: Translator) -> None:
+    """A `Translator` keeps its frozen decoding weights from call to call; each call decodes
+    as `translate_hypotheses` with weights made for it alone."""
+    from qkv.inference.translate import DecodeOptions, translate_hypotheses
+
+    sources = translator.encode(SENTENCES * 4)
+    for beam in (1, 3):
+        found = translator.hypotheses(SENTENCES * 4, beam_size=beam, n_best=1)
+        made = translator.weights.frozen()
+        options = DecodeOptions(beam_size=beam)
+        fresh = translate_hypotheses(translator.model, sources, options, translator.device)
+        assert [[h.ids for h in hyps] for hyps in found] == [[ids] for ((ids, _),) in fresh]
+        assert translator.weights.frozen() is made

@@ -73,10 +73,9 @@ class StepFeedForward(FeedForward):
         return super().forward(x)
 
 
-def frozen_for_decoding(model: Seq2SeqTransformer, rows: int) -> Seq2SeqTransformer:
-    """A copy of `model` in eval mode for decoding steps, sharing its parameters; `rows`: the
-    usual number of rows per step (a hint for the weights' layout)."""
-    twin = frozen_copy(model, rows, keep=("encoder", "output"))
+def frozen_for_decoding(model: Seq2SeqTransformer) -> Seq2SeqTransformer:
+    """A copy of `model` in eval mode for decoding steps, sharing its parameters."""
+    twin = frozen_copy(model, keep=("encoder", "output"))
     for module in twin.decoder.modules():
         if isinstance(module, MultiHeadAttention):
             module.__class__ = StepAttention

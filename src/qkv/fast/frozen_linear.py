@@ -23,14 +23,17 @@ from qkv.fast.linear import (
 
 _Module = TypeVar("_Module", bound=nn.Module)
 
+ROWS_HINT = 64  # the rows a product that oneDNN lays the weights out for
+MIN_ROWS = 8  # fewer rows a call: the layer's own product is faster for a decoder's layers
+
 
 class FrozenLinear(nn.Module):
     """`linear` for inference, its weight reordered for oneDNN at the first call that can use
-    it: make a new layer after the weights change. `rows`: the usual rows per call (a hint)."""
+    it, one of at least `min_rows` rows: make a new layer after the weights change."""
 
-    def __init__(self, linear: nn.Linear, rows: int) -> None:
+    def __init__(self, linear: nn.Linear, min_rows: int = MIN_ROWS) -> None:
         super().__init__()
-        self.linear, self.rows = linear, rows
+        self.linear, self.min_rows = linear, min_rows
         # False: the layer as it is, always (also where oneDNN's linear operator is missing)
         self.reorders = _applies(linear.weight) and onednn_available()
         self.blocked: Tensor | None = None  # made at the first call that uses it
@@ -44,7 +47,8 @@ class FrozenLinear(nn.Module):
 
     def forward(self, x: Tensor, relu: bool = False) -> Tensor:
         """x (..., in) -> (..., out); with `relu`, followed by a ReLU."""
-        if x.is_cpu and not (torch.is_grad_enabled() or torch.is_autocast_enabled("cpu")):
+        inference = not (torch.is_grad_enabled() or torch.is_autocast_enabled("cpu"))
+        if x.is_cpu and inference and x.numel() >= self.min_rows * x.size(-1):
             blocked = self._blocked()
             if blocked is not None and x.dtype == blocked.dtype:
                 activation = "relu" if relu else "none"
@@ -57,7 +61,7 @@ class FrozenLinear(nn.Module):
         if (start, stop) not in self._parts:
             bias = None if self.bias is None else self.bias[start:stop]
             linear = as_linear(self.weight.detach()[start:stop], bias)
-            self._parts[start, stop] = FrozenLinear(linear, self.rows)
+            self._parts[start, stop] = FrozenLinear(linear, self.min_rows)
         return self._parts[start, stop]
 
     def _blocked(self) -> Tensor | None:
@@ -65,32 +69,32 @@ class FrozenLinear(nn.Module):
         if self.blocked is None and self.reorders:
             try:
                 weight = self.linear.weight.detach()
-                self.blocked = reorder_for_onednn(weight, self.rows)
+                self.blocked = reorder_for_onednn(weight, ROWS_HINT)
             except (AttributeError, RuntimeError):  # a torch without the operator
                 self.reorders = False
         return self.blocked
 
 
-def frozen_copy(module: _Module, rows: int, keep: Collection[str] = ()) -> _Module:
+def frozen_copy(module: _Module, keep: Collection[str] = ()) -> _Module:
     """A copy of `module` sharing its parameters, buffers and settings, in which every
     `nn.Linear` below it is a `FrozenLinear`, except under the children named in `keep`
     (shared as they are)."""
     kept = [child for name, child in module.named_children() if name in keep]
     shared = [*module.parameters(), *module.buffers(), *kept]
     twin = copy.deepcopy(module, {id(t): t for t in shared})
-    _freeze(twin, rows, {id(child) for child in kept})
+    _freeze(twin, {id(child) for child in kept})
     return twin
 
 
-def _freeze(module: nn.Module, rows: int, kept: set[int]) -> None:
+def _freeze(module: nn.Module, kept: set[int]) -> None:
     """Every `nn.Linear` below `module` made a `FrozenLinear`, except under modules in `kept`."""
     for name, child in module.named_children():
         if id(child) in kept:
             continue
         if isinstance(child, nn.Linear):
-            setattr(module, name, FrozenLinear(child, rows))
+            setattr(module, name, FrozenLinear(child))
         else:
-            _freeze(child, rows, kept)
+            _freeze(child, kept)
 
 
 def as_linear(weight: Tensor, bias: Tensor | None = None) -> nn.Linear:

@@ -14,22 +14,20 @@ from qkv.model.seq2seq import Seq2SeqTransformer
 
 class DecodingWeights:
     """A model whose decoder and output layer are frozen for decoding, made once, at the first
-    batch, for the `ModelDecoder`s of many batches (and workers) of one decoding call. The
-    frozen layers keep the weights as they were then: make a new one after the weights change
-    (`translate_ids` makes one per call)."""
+    batch, for the `ModelDecoder`s of many batches (and workers). The frozen layers keep the
+    weights as they were then: make a new one after the weights change (`translate_ids` makes
+    one per call, a `Translator` one for its life)."""
 
     def __init__(self, model: Seq2SeqTransformer) -> None:
         self.model = model
         self._made: tuple[Seq2SeqTransformer, OutputLayer] | None = None
         self._making = threading.Lock()
 
-    def frozen(self, rows: int) -> tuple[Seq2SeqTransformer, OutputLayer]:
-        """The model with its decoder frozen and the frozen output layer; `rows`, the usual
-        number of rows per step, is a hint for the weights' layout."""
+    def frozen(self) -> tuple[Seq2SeqTransformer, OutputLayer]:
+        """The model with its decoder frozen and the frozen output layer."""
         with self._making:
             if self._made is None:
-                model = frozen_for_decoding(self.model, rows)
-                self._made = model, OutputLayer(self.model.output, rows)
+                self._made = frozen_for_decoding(self.model), OutputLayer(self.model.output)
             return self._made
 
 
@@ -50,7 +48,7 @@ class ModelDecoder:
             raise ValueError("weights: the DecodingWeights of another model")
         self.model = model
         weights = weights or DecodingWeights(model)
-        frozen, output = weights.frozen(src_ids.size(0))
+        frozen, output = weights.frozen()
         memory, src_mask, _ = frozen.encode(src_ids)  # (B, S, D), (B, 1, 1, S)
         self.cache = frozen.init_cache(memory, src_mask, max_steps)
         self.decoder, self.output = frozen.decoder, output.excluding(never)

@@ -13,12 +13,11 @@ from qkv.inference.search import first_argmax
 
 
 class OutputLayer:
-    """`logits(x)` and `argmax(x)` of a frozen copy of `linear` for up to `rows` rows; make a
-    new one after the weight changes. `never` token ids (in [0, V), else ValueError) get -inf
-    logits."""
+    """`logits(x)` and `argmax(x)` of a frozen copy of `linear`; make a new one after the
+    weight changes. `never` token ids (in [0, V), else ValueError) get -inf logits."""
 
-    def __init__(self, linear: nn.Linear, rows: int, never: Sequence[int] = ()) -> None:
-        self.exact = FrozenLinear(linear, rows)
+    def __init__(self, linear: nn.Linear, never: Sequence[int] = ()) -> None:
+        self.exact = FrozenLinear(linear, min_rows=1)  # wide: oneDNN's is faster at any rows
         self.vocab_size = linear.weight.size(0)
         self.never = _token_ids(never, self.vocab_size, linear.weight.device)  # (k,)
 

@@ -98,11 +98,13 @@ def translate_hypotheses(
     n_best: int = 1,
     progress: bool = False,
     scored: bool = True,
+    weights: DecodingWeights | None = None,
 ) -> list[list[Found]]:
     """Translate token-id sequences into the `n_best` best target-id sequences (no BOS/EOS
     either) with their scores (NaN unless `scored`), in input order. `n_best` > 1 needs beam
     search at least that wide. A sampled sentence's stream is seeded from `options.seed` and
-    its place in `sources` only.
+    its place in `sources` only. `weights`: the model's frozen decoding weights, kept by the
+    caller from call to call (by default made for this call; not used with bf16).
 
     Raises ValueError for a token id outside the vocabulary, ConfigError for workers > 1 where
     workers cannot decode or `n_best` wider than the beam.
@@ -129,7 +131,8 @@ def translate_hypotheses(
             [todo[i] for i in batch]
             for batch in token_budget_batches(lengths, budget, shuffle=False, seed=0, epoch=0)
         ]
-        weights = DecodingWeights(decoding)  # made at the first batch, shared by the workers
+        if weights is None or weights.model is not decoding:
+            weights = DecodingWeights(decoding)  # made at the first batch, shared by the workers
         seeds = torch.randint(
             2**62, (len(sources),), generator=torch.Generator().manual_seed(options.seed)
         ).tolist()  # one per sentence

@@ -13,6 +13,7 @@ from qkv import fast
 from qkv.data.readers import is_blank, texts_list
 from qkv.data.tokenizer import Tokenizer
 from qkv.errors import CheckpointError, ConfigError
+from qkv.inference.incremental import DecodingWeights
 from qkv.inference.translate import DecodeOptions, Found, translate_hypotheses
 from qkv.model.seq2seq import Seq2SeqTransformer
 from qkv.run import RunConfig, load_run_weights, load_tokenizer
@@ -39,7 +40,9 @@ class Engine(Protocol):
 
 class Translator:
     """A trained translation model with its tokenizer, decoding with PyTorch or, when loaded
-    with `engine="ctranslate2"`, with the run's CTranslate2 export."""
+    with `engine="ctranslate2"`, with the run's CTranslate2 export. Its decoder is frozen for
+    decoding at the first translation and kept: after changing the model's weights, make a
+    new `Translator`."""
 
     def __init__(
         self,
@@ -50,6 +53,7 @@ class Translator:
     ):
         self.model, self.tokenizer, self.device = model.eval().to(device), tokenizer, device
         self.engine = engine
+        self.weights = DecodingWeights(self.model)
 
     @classmethod
     def load(
@@ -152,7 +156,7 @@ class Translator:
             found = self.engine.translate_hypotheses(sources, decode, n_best)
         else:
             found = translate_hypotheses(
-                self.model, sources, decode, self.device, n_best, progress, scored
+                self.model, sources, decode, self.device, n_best, progress, scored, self.weights
             )
         return [
             [
