@@ -1,12 +1,15 @@
 """Load on `qkv serve`: concurrent clients sending Multi30k sentences to /translate.
 
     python benchmarks/serve_load.py RUN [--engine torch|ctranslate2] [--quantize int8] \\
-        [--clients 1,8,32] [--requests 256] [--data ../shared/data/multi30k]
+        [--clients 1,8,32] [--requests 256] [--data ../shared/data/multi30k] [--engine-alone]
 
 Starts `qkv serve RUN` on 127.0.0.1 in a process of its own, then for each client count sends
 `--requests` requests (one sentence each, beam 5 by default), each client waiting for its answer
-before sending the next. Reports requests/s, sentences/s, p50/p99 latency, errors, and the
-server's peak RSS, as a Markdown table (and JSON with --json).
+before sending the next. Reports requests/s, sentences/s, p50/p99 latency, errors, the CPU
+time a request took in the server and in the clients (they share the machine), and the
+server's peak RSS, as a Markdown table (and JSON with --json). With --engine-alone it first
+times the engine itself in this process, on batches as wide as each client count: the most
+that batching can give that many clients.
 """
 
 from __future__ import annotations
@@ -61,6 +64,12 @@ def start_server(args: argparse.Namespace, port: int) -> subprocess.Popen[bytes]
     raise SystemExit("the server did not start within 300 s")
 
 
+def cpu_seconds(pid: int) -> float:
+    """The user and system CPU time of process `pid` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def peak_rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -105,18 +114,41 @@ async def load(url: str, texts: list[str], clients: int, body: dict[str, Any]) -
     }
 
 
+def engine_alone(args: argparse.Namespace, texts: list[str], widths: list[int]) -> list[float]:
+    """The engine's own sentences/s on batches of each width, in this process before the
+    server starts, on the server's threads: what that many clients, one sentence each, can
+    at most be served at."""
+    import torch
+
+    from qkv.inference.translator import Translator
+
+    torch.set_num_threads(args.threads)
+    translator = Translator.load(args.run, engine=args.engine, quantize=args.quantize)
+    translator.hypotheses(texts[:8], beam_size=args.beam)  # warm-up
+    rates = []
+    for width in widths:
+        start = time.perf_counter()
+        for i in range(0, len(texts), width):
+            translator.hypotheses(texts[i : i + width], beam_size=args.beam)
+        rates.append(len(texts) / (time.perf_counter() - start))
+    return rates
+
+
 def table(rows: list[dict[str, Any]], title: str) -> str:
     lines = [
         f"{title}",
         "",
-        "| clients | requests | req/s | sent/s | p50 ms | p99 ms | errors | peak RSS MB |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| clients | requests | req/s | sent/s | engine alone sent/s | p50 ms | p99 ms | errors "
+        "| CPU ms a request, server / clients | peak RSS MB |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
+        alone = r.get("engine_alone_sentences_per_s")
         lines.append(
             f"| {r['clients']} | {r['requests']} | {r['requests_per_s']:.1f} | "
-            f"{r['sentences_per_s']:.1f} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} | "
-            f"{r['errors']} | {r['peak_rss_mb']:.0f} |"
+            f"{r['sentences_per_s']:.1f} | {'—' if alone is None else f'{alone:.1f}'} | "
+            f"{r['p50_ms']:.0f} | {r['p99_ms']:.0f} | {r['errors']} | "
+            f"{r['server_cpu_ms']:.1f} / {r['client_cpu_ms']:.1f} | {r['peak_rss_mb']:.0f} |"
         )
     return "\n".join(lines)
 
@@ -132,17 +164,28 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "multi30k")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--engine-alone",
+        action="store_true",
+        help="first time the engine in this process on batches as wide as each client count",
+    )
     args = parser.parse_args()
+    texts = sentences(args.data, args.requests)
+    counts = [int(c) for c in args.clients.split(",")]
+    alone = engine_alone(args, texts, counts) if args.engine_alone else [None] * len(counts)
     port = free_port()
     server = start_server(args, port)
     url = f"http://127.0.0.1:{port}"
     rows = []
     try:
-        texts = sentences(args.data, args.requests)
         asyncio.run(load(url, texts[:8], 2, {"beam": args.beam}))  # warm-up
-        for clients in [int(c) for c in args.clients.split(",")]:
+        for clients, rate in zip(counts, alone, strict=True):
+            server_cpu, client_cpu = cpu_seconds(server.pid), time.process_time()
             row = asyncio.run(load(url, texts, clients, {"beam": args.beam}))
+            row["server_cpu_ms"] = 1000 * (cpu_seconds(server.pid) - server_cpu) / len(texts)
+            row["client_cpu_ms"] = 1000 * (time.process_time() - client_cpu) / len(texts)
             row["peak_rss_mb"] = peak_rss_mb(server.pid)
+            row["engine_alone_sentences_per_s"] = rate
             rows.append(row)
             print(json.dumps(row), flush=True)
     finally:
