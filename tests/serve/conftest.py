@@ -16,8 +16,6 @@ from qkv.cli import main
 from tests.tasks.helpers import write_dates
 from tests.tasks.test_classification_e2e import make_rows, write_jsonl
 
-pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
-
 
 @pytest.fixture(scope="session")
 def translation_run(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -8,8 +8,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
+
+pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
+
+import httpx
 
 from qkv.inference.classifier import Classifier
 from qkv.inference.translator import Translator

@@ -13,8 +13,11 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 import pytest
+
+pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
+
+import httpx
 
 from qkv.cli import main
 

@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
+
 from qkv.serve.app import create_app
 from qkv.serve.models import Served, load_served
 from tests.serve.conftest import running
