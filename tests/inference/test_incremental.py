@@ -13,7 +13,7 @@ from qkv.data.special import BOS_ID, EOS_ID, PAD_ID
 from qkv.inference.beam import beam_search
 from qkv.inference.incremental import DecodingWeights, ModelDecoder
 from qkv.inference.search import greedy_search, sample
-from qkv.inference.translate import DecodeOptions, translate_ids
+from qkv.inference.translate import DecodeOptions, translate_hypotheses, translate_ids
 from qkv.model.seq2seq import Seq2SeqTransformer
 from tests.inference.helpers import ReferenceDecoder, fast_copy, shared_prefixes, tokens_of
 from tests.model.helpers import random_ids, tiny_config
@@ -201,6 +201,11 @@ def test_decoding_weights_of_another_model_are_refused() -> None:
     model, other = (Seq2SeqTransformer(tiny_config()).eval() for _ in range(2))
     with pytest.raises(ValueError, match="another model"):
         ModelDecoder(model, random_ids(2, 3), 4, weights=DecodingWeights(other))
+    sources, options = [[5, 6, 7]], DecodeOptions()
+    with pytest.raises(ValueError, match="another model"):
+        translate_hypotheses(
+            model, sources, options, torch.device("cpu"), weights=DecodingWeights(other)
+        )
 
 
 def test_decoding_with_autograd_on_gives_the_tokens_of_inference_mode() -> None:

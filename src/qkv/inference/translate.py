@@ -131,7 +131,7 @@ def translate_hypotheses(
             [todo[i] for i in batch]
             for batch in token_budget_batches(lengths, budget, shuffle=False, seed=0, epoch=0)
         ]
-        if weights is None or weights.model is not decoding:
+        if weights is None or decoding is not model:  # a bf16 copy: weights of its own
             weights = DecodingWeights(decoding)  # made at the first batch, shared by the workers
         seeds = torch.randint(
             2**62, (len(sources),), generator=torch.Generator().manual_seed(options.seed)
