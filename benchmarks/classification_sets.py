@@ -16,6 +16,11 @@ Then, for instance:
 
     qkv train classification --train OUT/first.train.jsonl --out runs/first
     qkv evaluate runs/first --data OUT/first.test.jsonl
+
+`--linear` prints, for each set, the test accuracy of a linear reference model instead:
+logistic regression (C 4) on TF-IDF word unigrams and bigrams (sublinear term counts, seen in
+at least two texts), what a trained classifier should be measured against. It needs
+scikit-learn, which qkv does not depend on (`pip install scikit-learn`).
 """
 
 from __future__ import annotations
@@ -63,12 +68,48 @@ def write(path: Path, rows: list[dict[str, str]]) -> None:
     print(f"{path}: {len(rows):,} rows")
 
 
+SETS = {  # training file -> test file
+    "imdb1k": "imdb.test5k",
+    "imdb5k": "imdb.test5k",
+    "first": "first.test",
+    "last": "last.test",
+    "multi": "multi.test",
+    "noisy5k": "imdb.test5k",
+}
+
+
+def linear_reference(out: Path) -> None:
+    """Print each set's test accuracy of TF-IDF logistic regression (see the module's text)."""
+    try:
+        from sklearn.feature_extraction.text import TfidfVectorizer
+        from sklearn.linear_model import LogisticRegression
+    except ImportError:
+        raise SystemExit("--linear needs scikit-learn: pip install scikit-learn") from None
+
+    def read(name: str) -> tuple[list[str], list[str]]:
+        with (out / f"{name}.jsonl").open(encoding="utf-8") as handle:
+            rows = [json.loads(line) for line in handle]
+        return [r["text"] for r in rows], [r["label"] for r in rows]
+
+    for train, test in SETS.items():
+        texts, labels = read(f"{train}.train")
+        test_texts, test_labels = read(test)
+        features = TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True)
+        model = LogisticRegression(C=4, max_iter=2000)
+        model.fit(features.fit_transform(texts), labels)
+        print(f"{train}: {model.score(features.transform(test_texts), test_labels):.2%}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--imdb", type=Path, default=Path("../shared/data/imdb"))
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--linear", action="store_true", help="the linear reference's accuracy")
     args = parser.parse_args()
+    if args.linear:
+        linear_reference(args.out)
+        return
     args.out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)
     train, test = load(args.imdb / "train.jsonl.gz"), load(args.imdb / "test.jsonl.gz")
