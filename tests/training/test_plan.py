@@ -70,3 +70,5 @@ def test_only_small_classification_data_is_fitted() -> None:
     assert fitted_classification(SMALL_DATA) == {}  # IMDB's 25,000 reviews: `strong` as it is
     small = fitted_classification(7000)
     assert int(small["vocab_size"]) < 16000 and float(small["dropout"]) > 0.2
+    # Validated often enough to catch the best weights before the labels are learnt by heart.
+    assert int(small["eval_every"]) * 20 <= MIN_STEPS
