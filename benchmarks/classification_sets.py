@@ -11,6 +11,7 @@ Writes JSONL files (`text`, `label`) under OUT, each a training file and its tes
 | `last` | the last sentence of 3 words or more of 7,000 reviews | the same of the 5,000 |
 | `multi` | 7,000 reviews, 4 labels from the rating (1-2, 3-4, 7-8, 9-10) | the 5,000, the same |
 | `noisy5k` | `imdb5k` with a fifth of its labels flipped | `imdb.test5k` |
+| `short` | every training review of 100 words or fewer (3,085) | every such test review (3,246) |
 
 Then, for instance:
 
@@ -33,6 +34,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+SHORT_WORDS = 100  # the `short` set's longest review, in words
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 RATING_CLASSES = {1: "awful", 2: "awful", 3: "poor", 4: "poor"} | {
     7: "good",
@@ -61,6 +63,10 @@ def last(text: str) -> str:
     return found[-1] if found else text
 
 
+def words(text: str) -> int:
+    return len(re.sub(r"<br\s*/?>", " ", text).split())
+
+
 def write(path: Path, rows: list[dict[str, str]]) -> None:
     with path.open("w", encoding="utf-8") as handle:
         for row in rows:
@@ -75,6 +81,7 @@ SETS = {  # training file -> test file
     "last": "last.test",
     "multi": "multi.test",
     "noisy5k": "imdb.test5k",
+    "short": "short.test",
 }
 
 
@@ -115,6 +122,7 @@ def main() -> None:
     train, test = load(args.imdb / "train.jsonl.gz"), load(args.imdb / "test.jsonl.gz")
     rng.shuffle(train)
     rng.shuffle(test)
+    short_test = [r for r in test if words(r["text"]) <= SHORT_WORDS]
     test = test[:5000]
 
     def polarity(row: dict[str, Any]) -> str:
@@ -145,6 +153,9 @@ def main() -> None:
         if rng.random() < 0.2:
             row["label"] = "pos" if row["label"] == "neg" else "neg"
     write(args.out / "noisy5k.train.jsonl", noisy)
+    short = [r for r in train if words(r["text"]) <= SHORT_WORDS]
+    write(args.out / "short.train.jsonl", reviews(short))
+    write(args.out / "short.test.jsonl", reviews(short_test))
 
 
 if __name__ == "__main__":

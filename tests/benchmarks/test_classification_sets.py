@@ -23,12 +23,18 @@ def sets(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     return module
 
 
+def long(i: int) -> str:
+    """Every third review: 100 more words, past the `short` set's cut."""
+    return " and on" * 50 if i % 3 == 0 else ""
+
+
 def fake_imdb(directory: Path, n: int) -> Path:
     directory.mkdir()
     for split in ("train", "test"):
         rows = [
             {
-                "text": f"Review {i} starts here. It goes on.<br /><br />My verdict: {i} stars!",
+                "text": f"Review {i} starts here. It goes on{long(i)}.<br /><br />"
+                f"My verdict: {i} stars!",
                 "label": int(RATINGS[i % 8] >= 7),
                 "rating": RATINGS[i % 8],
             }
@@ -65,6 +71,9 @@ def test_the_sets_are_cut_and_labelled_as_documented(
         "poor",
         "good",
         "great",
+    }
+    assert {r["text"].split()[1] for r in read(out / "short.test.jsonl")} == {
+        str(i) for i in range(40) if not long(i)
     }
     clean, noisy = read(out / "imdb5k.train.jsonl"), read(out / "noisy5k.train.jsonl")
     assert [r["text"] for r in clean] == [r["text"] for r in noisy]
