@@ -1,7 +1,8 @@
 """Load on `qkv serve`: concurrent clients sending Multi30k sentences to /translate.
 
     python benchmarks/serve_load.py RUN [--engine torch|ctranslate2] [--quantize int8] \\
-        [--clients 1,8,32] [--requests 256] [--data ../shared/data/multi30k] [--engine-alone]
+        [--clients 1,8,32] [--requests 256] [--data ../shared/data/multi30k] [--engine-alone] \\
+        [--client httpx|wrk] [--seconds 15]
 
 Starts `qkv serve RUN` on 127.0.0.1 in a process of its own, then for each client count sends
 `--requests` requests (one sentence each, beam 5 by default), each client waiting for its answer
@@ -10,6 +11,11 @@ time a request took in the server and in the clients (they share the machine), a
 server's peak RSS, as a Markdown table (and JSON with --json). With --engine-alone it first
 times the engine itself in this process, on batches as wide as each client count: the most
 that batching can give that many clients.
+
+The clients are asyncio tasks on one `httpx.AsyncClient` by default. `--client wrk` sends the
+same requests from wrk (Debian's `wrk`), one thread holding a connection a client, for
+`--seconds` a client count instead of a number of requests: a client in C takes a tenth of the
+CPU that httpx takes a request, CPU that the server, on the same cores, would otherwise lose.
 """
 
 from __future__ import annotations
@@ -19,10 +25,13 @@ import asyncio
 import gzip
 import json
 import os
+import resource
+import shutil
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -114,6 +123,75 @@ async def load(url: str, texts: list[str], clients: int, body: dict[str, Any]) -
     }
 
 
+WRK_SCRIPT = """
+local bodies = {BODIES}
+sent, bad = 0, 0  -- globals: done() reads each thread's `bad`
+local threads = {}
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+setup = function(thread) table.insert(threads, thread) end
+request = function()
+  sent = sent + 1
+  return wrk.format(nil, nil, nil, bodies[(sent - 1) % #bodies + 1])
+end
+response = function(status, headers, body)
+  if status ~= 200 or not body:find('"n_best":[{', 1, true) then bad = bad + 1 end
+end
+done = function(summary, latency, requests)
+  local errors = summary.errors
+  local failed = errors.connect + errors.read + errors.write + errors.timeout
+  for _, thread in ipairs(threads) do failed = failed + thread:get("bad") end
+  io.write(string.format(
+    '{"requests": %d, "seconds": %.4f, "p50_ms": %.2f, "p99_ms": %.2f, "errors": %d}\\n',
+    summary.requests, summary.duration / 1e6, latency:percentile(50) / 1e3,
+    latency:percentile(99) / 1e3, failed))
+end
+"""
+
+
+def wrk_script(texts: list[str], body: dict[str, Any]) -> str:
+    """wrk's Lua script: POST one text a request, in turn; count a failed or empty answer."""
+    bodies = [json.dumps({**body, "texts": [text]}) for text in texts]
+    level = "="
+    while any(f"]{level}]" in b for b in bodies):  # a long bracket no body closes
+        level += "="
+    quoted = ",\n".join(f"[{level}[{b}]{level}]" for b in bodies)
+    return WRK_SCRIPT.replace("{BODIES}", "{\n" + quoted + "\n}")
+
+
+def wrk_load(
+    url: str, texts: list[str], clients: int, body: dict[str, Any], seconds: int
+) -> dict[str, Any]:
+    """`clients` connections from one wrk thread for `seconds`, one request a text in turn."""
+    if shutil.which("wrk") is None:
+        raise SystemExit("--client wrk needs wrk on the PATH (apt-get install wrk)")
+    with tempfile.TemporaryDirectory() as folder:
+        script = Path(folder) / "load.lua"
+        script.write_text(wrk_script(texts, body), encoding="utf-8")
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        command = ["wrk", "-t1", f"-c{clients}", f"-d{seconds}s", "--timeout", "120s"]
+        done = subprocess.run(
+            [*command, "-s", str(script), url + "/translate"], capture_output=True, text=True
+        )
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise SystemExit(f"wrk failed ({done.returncode}): {done.stderr.strip() or done.stdout}")
+    row = json.loads(lines[-1])
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return {
+        "clients": clients,
+        "requests": row["requests"],
+        "seconds": row["seconds"],
+        "requests_per_s": row["requests"] / row["seconds"],
+        "sentences_per_s": row["requests"] / row["seconds"],
+        "p50_ms": row["p50_ms"],
+        "p99_ms": row["p99_ms"],
+        "errors": row["errors"],
+        "client_cpu_ms": 1000 * cpu / max(row["requests"], 1),
+    }
+
+
 def engine_alone(args: argparse.Namespace, texts: list[str], widths: list[int]) -> list[float]:
     """The engine's own sentences/s on batches of each width, in this process before the
     server starts, on the server's threads: what that many clients, one sentence each, can
@@ -163,6 +241,8 @@ def main() -> None:
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "multi30k")
+    parser.add_argument("--client", default="httpx", choices=["httpx", "wrk"])
+    parser.add_argument("--seconds", type=int, default=15, help="a client count's time, wrk")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument(
         "--engine-alone",
@@ -181,9 +261,14 @@ def main() -> None:
         asyncio.run(load(url, texts[:8], 2, {"beam": args.beam}))  # warm-up
         for clients, rate in zip(counts, alone, strict=True):
             server_cpu, client_cpu = cpu_seconds(server.pid), time.process_time()
-            row = asyncio.run(load(url, texts, clients, {"beam": args.beam}))
-            row["server_cpu_ms"] = 1000 * (cpu_seconds(server.pid) - server_cpu) / len(texts)
-            row["client_cpu_ms"] = 1000 * (time.process_time() - client_cpu) / len(texts)
+            body = {"beam": args.beam}
+            if args.client == "wrk":
+                row = wrk_load(url, texts, clients, body, args.seconds)
+            else:
+                row = asyncio.run(load(url, texts, clients, body))
+                row["client_cpu_ms"] = 1000 * (time.process_time() - client_cpu) / len(texts)
+            server_seconds = cpu_seconds(server.pid) - server_cpu
+            row["server_cpu_ms"] = 1000 * server_seconds / max(row["requests"], 1)
             row["peak_rss_mb"] = peak_rss_mb(server.pid)
             row["engine_alone_sentences_per_s"] = rate
             rows.append(row)
@@ -192,7 +277,8 @@ def main() -> None:
         server.terminate()
         server.wait(timeout=60)
     engine = args.engine + (f" {args.quantize}" if args.quantize else "")
-    print(table(rows, f"`qkv serve`, {engine} engine, beam {args.beam}, {args.threads} threads"))
+    title = f"`qkv serve`, {engine} engine, beam {args.beam}, {args.threads} threads, {args.client}"
+    print(table(rows, title))
     if args.json:
         args.json.write_text(json.dumps({"args": vars(args), "rows": rows}, default=str, indent=2))
 
