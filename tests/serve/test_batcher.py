@@ -44,3 +44,30 @@ def test_a_failing_call_fails_its_jobs_and_the_batcher_goes_on() -> None:
         batcher.submit("a", ["bad"], 1).result(timeout=10)
     assert batcher.submit("a", ["good"], 1).result(timeout=10) == ["good"]
     batcher.close()
+
+
+def test_with_two_workers_a_batch_gathers_and_runs_while_another_runs() -> None:
+    release, calls = threading.Event(), []
+
+    def run(options: Hashable, texts: list[str]) -> list[str]:
+        calls.append(texts)
+        if texts == ["x"]:
+            release.wait(timeout=10)  # the first call holds its worker
+        return [f"{options}:{text}" for text in texts]
+
+    batcher = Batcher(run, window=0.05, workers=2)
+    first = batcher.submit("a", ["x"], 1)
+    while not calls:
+        time.sleep(0.01)
+    later = [batcher.submit("a", [f"y{i}"], 1) for i in range(3)]
+    # gathered and run by the other worker while the first call is still held
+    assert [job.result(timeout=10) for job in later] == [[f"a:y{i}"] for i in range(3)]
+    assert not first.done()
+    release.set()
+    assert first.result(timeout=10) == ["a:x"]
+    other = batcher.submit("b", ["w"], 1)  # every job submitted before close() is finished
+    batcher.close()
+    assert other.result(timeout=0) == ["b:w"]
+    assert calls == [["x"], ["y0", "y1", "y2"], ["w"]]
+    assert batcher.batches == 3
+    assert not any(thread.is_alive() for thread in batcher.threads)

@@ -157,3 +157,32 @@ def test_serve_refuses_a_bad_port(
 ) -> None:
     assert main(["serve", str(translation_run), "--port", "70000"]) == 2
     assert "--port must be between 1 and 65535" in capsys.readouterr().err
+
+
+def test_a_ctranslate2_model_gathers_a_batch_while_another_decodes(translation_run: Path) -> None:
+    import asyncio
+
+    import torch
+
+    from qkv.serve.models import ServedTranslator, load_served
+    from qkv.serve.schema import TranslateRequest
+
+    torch.set_num_threads(2)  # two replicas (the one_thread fixture restores the count)
+    (served,) = load_served([translation_run], engine="ctranslate2").values()
+    (lone,) = load_served([translation_run], engine="torch").values()
+    assert isinstance(served, ServedTranslator) and isinstance(lone, ServedTranslator)
+    assert served.translator.engine is not None and served.translator.engine.replicas == 2
+    assert len(served.batcher.threads) == 2 and len(lone.batcher.threads) == 1
+
+    async def many(requests: list[TranslateRequest]) -> list[list[dict[str, object]]]:
+        return list(await asyncio.gather(*(served.answer(r) for r in requests)))
+
+    requests = [TranslateRequest(texts=[text], beam=2) for text in DATES * 4]
+    together = asyncio.run(many(requests))
+    alone = [asyncio.run(many([r]))[0] for r in requests[: len(DATES)]] * 4
+    # each its own answer, whatever batch it was in (scores to float32's rounding)
+    assert [a[0]["n_best"][0]["ids"] for a in together] == [a[0]["n_best"][0]["ids"] for a in alone]
+    scores = [a[0]["score"] for a in together]
+    assert scores == pytest.approx([a[0]["score"] for a in alone], rel=1e-5)
+    served.batcher.close()
+    lone.batcher.close()

@@ -3,7 +3,8 @@
 Each served model has one `Batcher`, a thread that takes the first waiting job, gathers for
 `window` seconds more the jobs that share its decoding options (up to `max_tokens` source
 tokens), runs them as one call, and hands each job its own slice of the results, in order.
-A job with other options waits for the next round.
+A job with other options waits for the next round. With more `workers` (for an engine that
+decodes calls side by side), one thread gathers while the others run their batches.
 """
 
 from __future__ import annotations
@@ -29,15 +30,23 @@ class Job:
 
 
 class Batcher:
-    """One worker thread running `run` over gathered jobs."""
+    """`workers` threads running `run` over gathered jobs."""
 
-    def __init__(self, run: Run, window: float = 0.01, max_tokens: int = 8192) -> None:
+    def __init__(
+        self, run: Run, window: float = 0.01, max_tokens: int = 8192, workers: int = 1
+    ) -> None:
         self.run, self.window, self.max_tokens = run, window, max_tokens
         self.jobs: queue.Queue[Job | None] = queue.Queue()
         self.waiting: list[Job] = []  # taken from the queue, with other options than a batch's
+        self.gathering = threading.Lock()  # one thread gathers at a time; the others run
         self.batches = 0  # calls of `run` so far
-        self.thread = threading.Thread(target=self._loop, name="qkv-batcher", daemon=True)
-        self.thread.start()
+        self.counting = threading.Lock()
+        self.threads = [
+            threading.Thread(target=self._loop, name=f"qkv-batcher-{i}", daemon=True)
+            for i in range(workers)
+        ]
+        for thread in self.threads:
+            thread.start()
 
     def submit(self, options: Hashable, texts: list[str], tokens: int) -> Future[list[Any]]:
         job = Job(options, texts, tokens)
@@ -46,17 +55,22 @@ class Batcher:
 
     def close(self) -> None:
         """Finish every job submitted so far, then stop the thread."""
-        self.jobs.put(None)
-        self.thread.join()
+        for _ in self.threads:
+            self.jobs.put(None)
+        for thread in self.threads:
+            thread.join()
 
     def _loop(self) -> None:
         closing = False
-        while not closing or self.waiting:
-            first = self.waiting.pop(0) if self.waiting else self.jobs.get()
-            if first is None:
-                closing = True
-                continue
-            batch, closing = self._gather(first, closing)
+        while True:
+            with self.gathering:
+                if closing and not self.waiting:
+                    return
+                first = self.waiting.pop(0) if self.waiting else self.jobs.get()
+                if first is None:
+                    closing = True
+                    continue
+                batch, closing = self._gather(first, closing)
             self._run(batch)
 
     def _gather(self, first: Job, closing: bool) -> tuple[list[Job], bool]:
@@ -91,7 +105,8 @@ class Batcher:
             for job in batch:
                 job.future.set_exception(error)
             return
-        self.batches += 1
+        with self.counting:
+            self.batches += 1
         start = 0
         for job in batch:
             job.future.set_result(results[start : start + len(job.texts)])

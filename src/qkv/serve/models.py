@@ -48,7 +48,9 @@ class ServedTranslator:
         self, name: str, run_dir: Path, translator: Translator, engine: str, batcher: Batching
     ) -> None:
         self.name, self.run_dir, self.translator, self.engine = name, run_dir, translator, engine
-        self.batcher = Batcher(self._run, batcher.window, batcher.max_tokens)
+        # CTranslate2 decodes calls side by side, one a replica: a batch gathers while one runs
+        workers = getattr(translator.engine, "replicas", 1)
+        self.batcher = Batcher(self._run, batcher.window, batcher.max_tokens, workers)
 
     def info(self) -> dict[str, Any]:
         return {"name": self.name, "task": self.task, "engine": self.engine}
