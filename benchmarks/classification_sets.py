@@ -49,8 +49,13 @@ def load(path: Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in handle]
 
 
+def clean(text: str) -> str:
+    """The text with IMDB's line breaks (`<br />`) as spaces."""
+    return re.sub(r"<br\s*/?>", " ", text)
+
+
 def sentences(text: str) -> list[str]:
-    return SENTENCE_END.split(re.sub(r"<br\s*/?>", " ", text).strip())
+    return SENTENCE_END.split(clean(text).strip())
 
 
 def first(text: str) -> str:
@@ -64,7 +69,7 @@ def last(text: str) -> str:
 
 
 def words(text: str) -> int:
-    return len(re.sub(r"<br\s*/?>", " ", text).split())
+    return len(clean(text).split())
 
 
 def write(path: Path, rows: list[dict[str, str]]) -> None:

@@ -258,10 +258,10 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     rows = []
     try:
-        asyncio.run(load(url, texts[:8], 2, {"beam": args.beam}))  # warm-up
+        body = {"beam": args.beam}
+        asyncio.run(load(url, texts[:8], 2, body))  # warm-up
         for clients, rate in zip(counts, alone, strict=True):
             server_cpu, client_cpu = cpu_seconds(server.pid), time.process_time()
-            body = {"beam": args.beam}
             if args.client == "wrk":
                 row = wrk_load(url, texts, clients, body, args.seconds)
             else:

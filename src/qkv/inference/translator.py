@@ -33,6 +33,8 @@ class Hypothesis:
 
 
 class Engine(Protocol):
+    replicas: int  # calls it decodes side by side
+
     def translate_hypotheses(
         self, sources: list[list[int]], options: DecodeOptions, n_best: int
     ) -> list[list[Found]]: ...

@@ -54,7 +54,7 @@ class Batcher:
         return job.future
 
     def close(self) -> None:
-        """Finish every job submitted so far, then stop the thread."""
+        """Finish every job submitted so far, then stop the threads."""
         for _ in self.threads:
             self.jobs.put(None)
         for thread in self.threads:

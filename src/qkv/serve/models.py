@@ -49,7 +49,7 @@ class ServedTranslator:
     ) -> None:
         self.name, self.run_dir, self.translator, self.engine = name, run_dir, translator, engine
         # CTranslate2 decodes calls side by side, one a replica: a batch gathers while one runs
-        workers = getattr(translator.engine, "replicas", 1)
+        workers = 1 if translator.engine is None else translator.engine.replicas
         self.batcher = Batcher(self._run, batcher.window, batcher.max_tokens, workers)
 
     def info(self) -> dict[str, Any]:
