@@ -34,6 +34,12 @@ def apply(model: nn.Module, packed: bool = True) -> nn.Module:
     return model
 
 
+def applied(model: nn.Module) -> bool:
+    """Whether `apply` has turned any module of `model` fast (and `reference` not undone it)."""
+    kinds = set(_FAST.values())
+    return any(type(module) in kinds for module in model.modules())
+
+
 def reference(model: nn.Module) -> nn.Module:
     """Undo `apply`: every fast module back to its reference class, in place; returns it."""
     back = {fast: plain for plain, fast in _FAST.items()}

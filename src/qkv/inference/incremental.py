@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from torch import Tensor
 
+from qkv import fast
 from qkv.fast.decoding import frozen_for_decoding
 from qkv.inference.output_layer import OutputLayer
 from qkv.model.seq2seq import Seq2SeqTransformer
@@ -16,7 +17,8 @@ class DecodingWeights:
     """A model whose decoder and output layer are frozen for decoding, made once, at the first
     batch, for the `ModelDecoder`s of many batches (and workers). The frozen layers keep the
     weights as they were then: make a new one after the weights change (`translate_ids` makes
-    one per call, a `Translator` one for its life)."""
+    one per call, a `Translator` one for its life). A model that `qkv.fast.apply` has not
+    turned fast (or that `qkv.fast.reference` turned back) decodes with its own modules."""
 
     def __init__(self, model: Seq2SeqTransformer) -> None:
         self.model = model
@@ -27,7 +29,11 @@ class DecodingWeights:
         """The model with its decoder frozen and the frozen output layer."""
         with self._making:
             if self._made is None:
-                self._made = frozen_for_decoding(self.model), OutputLayer(self.model.output)
+                if fast.applied(self.model):
+                    made = frozen_for_decoding(self.model), OutputLayer(self.model.output)
+                else:
+                    made = self.model, OutputLayer(self.model.output, fast=False)
+                self._made = made
             return self._made
 
 
