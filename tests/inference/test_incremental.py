@@ -9,7 +9,10 @@ import copy
 import pytest
 import torch
 
+from qkv import fast
 from qkv.data.special import BOS_ID, EOS_ID, PAD_ID
+from qkv.fast.frozen_linear import FrozenLinear
+from qkv.fast.screen import int8_matmuls_exact
 from qkv.inference.beam import beam_search
 from qkv.inference.incremental import DecodingWeights, ModelDecoder
 from qkv.inference.search import greedy_search, sample
@@ -144,6 +147,18 @@ def test_batches_sharing_decoding_weights_decode_as_batches_with_their_own() -> 
             assert greedy(model, src, weights) == greedy(model, src, None)
         made = weights.frozen()
         assert weights.frozen() == made  # the same objects: nothing made again
+
+
+def test_a_model_turned_back_by_fast_reference_decodes_with_its_own_modules() -> None:
+    """`qkv.fast.reference(model)` switches the frozen decoder and the int8 screen off."""
+    model = fast_copy(Seq2SeqTransformer(tiny_config(vocab_size=1100)).eval())
+    frozen, output = DecodingWeights(model).frozen()
+    assert frozen is not model and any(isinstance(m, FrozenLinear) for m in frozen.modules())
+    assert output.screens == int8_matmuls_exact()
+    fast.reference(model)
+    frozen, output = DecodingWeights(model).frozen()
+    assert frozen is model and not any(isinstance(m, FrozenLinear) for m in frozen.modules())
+    assert output.exact is model.output and not output.screens
 
 
 @pytest.mark.parametrize("fast_modules", [False, True], ids=["reference", "fast"])
