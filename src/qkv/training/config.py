@@ -40,7 +40,7 @@ class TrainConfig:
     log_every: int = 50  # write a train record every N optimiser steps
     max_bad_steps: int = 5  # stop after this many non-finite steps in a row
     deterministic: bool = False  # torch deterministic algorithms (exact resume on CPU)
-    compile: bool = True  # CPU: dropout and the loss as compiled loops (torch.compile, once)
+    compile: bool = True  # CPU: dropout as compiled loops (torch.compile, once)
     fast: bool = True  # qkv.fast's paths (docs/performance.md); False: the reference model
 
     def __post_init__(self) -> None:

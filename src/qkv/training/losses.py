@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from qkv.fast import fused_loss
 from qkv.fast.packing import Packing
 from qkv.model.seq2seq import Seq2SeqTransformer
 
@@ -29,10 +28,7 @@ def smoothed_cross_entropy(
     ignore_index: int = -100,
 ) -> Tensor:
     """Summed label-smoothed cross-entropy: logits (M, V), labels (M,) -> scalar; rows labelled
-    `ignore_index` add nothing. A big CPU loss runs as `qkv.fast.fused_loss`'s compiled loops.
-    """
-    if fused_loss.applies(logits):
-        return fused_loss.smoothed_cross_entropy(logits, labels, smoothing, ignore_index)
+    `ignore_index` add nothing."""
     return F.cross_entropy(
         logits.float(),
         labels,
