@@ -11,13 +11,11 @@ from torch import Tensor, nn
 
 import qkv.fast
 from qkv.fast.dropout import Dropout
-from qkv.fast.fused_ffn import FusedFeedForward
 from qkv.fast.linear import Linear
 from qkv.fast.packed import PackedDecoder, PackedEncoder
 from qkv.model.classifier import TextClassifier
 from qkv.model.decoder import Decoder
 from qkv.model.encoder import Encoder
-from qkv.model.layers import FeedForward
 from qkv.model.seq2seq import Seq2SeqTransformer
 from tests.fast.helpers import assert_all_close, fast_twin, loss_and_grads
 from tests.model.helpers import padded_ids, tiny_config
@@ -27,7 +25,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 FAST = {
     Encoder: PackedEncoder,
     Decoder: PackedDecoder,
-    FeedForward: FusedFeedForward,
     nn.Linear: Linear,
     nn.Dropout: Dropout,
 }

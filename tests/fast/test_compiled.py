@@ -158,7 +158,6 @@ def test_compiling_leaves_the_global_random_state_as_it_was() -> None:
 
 BUILDERS = [
     "qkv.fast.dropout:_hashed_kernel",
-    "qkv.fast.fused_ffn:_mask_kernel",
 ]
 
 

@@ -6,17 +6,14 @@ from __future__ import annotations
 from torch import nn
 
 from qkv.fast.dropout import Dropout
-from qkv.fast.fused_ffn import FusedFeedForward
 from qkv.fast.linear import Linear
 from qkv.fast.packed import PackedDecoder, PackedEncoder
 from qkv.model.decoder import Decoder
 from qkv.model.encoder import Encoder
-from qkv.model.layers import FeedForward
 
 _FAST = {
     Encoder: PackedEncoder,
     Decoder: PackedDecoder,
-    FeedForward: FusedFeedForward,
     nn.Linear: Linear,
     nn.Dropout: Dropout,
 }
