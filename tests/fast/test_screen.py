@@ -22,6 +22,12 @@ def weight(vocab_size: int = 1027, d: int = 64, seed: int = 0) -> torch.Tensor:
     return torch.randn(vocab_size, d, generator=generator) * d**-0.5  # (V, D)
 
 
+def screen_of(w: torch.Tensor) -> Int8Screen:
+    made = Int8Screen.of(w)
+    assert made is not None
+    return made
+
+
 def states(n: int, d: int = 64, seed: int = 1, scale: float = 3.0) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(n, d, generator=generator)
@@ -33,7 +39,7 @@ def states(n: int, d: int = 64, seed: int = 1, scale: float = 3.0) -> torch.Tens
 def test_the_screen_finds_the_float32_argmax(d: int, scale: float) -> None:
     w = weight(d=d)
     x = states(200, d, scale=scale)
-    found = Int8Screen(w).argmax(x, NONE)
+    found = screen_of(w).argmax(x, NONE)
     assert found is not None
     assert torch.equal(found, (x @ w.t()).argmax(dim=-1))
 
@@ -48,7 +54,7 @@ def test_near_ties_are_settled_in_float32() -> None:
     for row, (first, second) in enumerate(top.tolist()[:16]):  # token `second` nudged up
         gap = float(logits[row, first] - logits[row, second])
         close[second] += x[row] / x[row].norm() ** 2 * gap * (1 - 1e-4 * (row % 2 * 2 - 1))
-    found = Int8Screen(close).argmax(x, NONE)
+    found = screen_of(close).argmax(x, NONE)
     assert found is not None
     assert torch.equal(found, (x @ close.t()).argmax(dim=-1))
 
@@ -57,8 +63,8 @@ def test_never_tokens_are_skipped_and_ties_go_to_the_first() -> None:
     w = weight()
     w[900] = w[41] = w[40]
     x = w[40].repeat(20, 1) * 5  # token 40 (and its copies) would win
-    assert Int8Screen(w).argmax(x, NONE).tolist() == [40] * 20  # type: ignore[union-attr]
-    found = Int8Screen(w).argmax(x, torch.tensor([40, 3]))
+    assert screen_of(w).argmax(x, NONE).tolist() == [40] * 20  # type: ignore[union-attr]
+    found = screen_of(w).argmax(x, torch.tensor([40, 3]))
     assert found is not None and found.tolist() == [41] * 20
 
 
@@ -70,7 +76,7 @@ def test_rows_the_screen_cannot_decide_fall_back_to_the_float32_logits(case: str
         w[:] = w[0]  # every token a candidate
     else:
         x[3] = {"nan": torch.nan, "inf": torch.inf, "zeros": 0.0}[case]
-    assert Int8Screen(w).argmax(x, NONE) is None
+    assert screen_of(w).argmax(x, NONE) is None
     output = OutputLayer(nn.Linear(64, 1027, bias=False).requires_grad_(False))
     output.exact.linear.weight.copy_(w)  # type: ignore[union-attr]
     with torch.inference_mode():
@@ -88,6 +94,17 @@ def test_an_output_layer_screens_only_where_it_applies() -> None:
     assert not OutputLayer(layer(1000)).screens  # a small vocabulary: float32 is as fast
     assert not OutputLayer(layer(1027, d=1100)).screens  # too wide for exact int32 sums
     assert not OutputLayer(layer(1027).double()).screens
+
+
+@pytest.mark.parametrize("value", [torch.nan, torch.inf, 0.0, 2.0**-100])
+def test_weights_not_finite_or_nearly_zero_get_no_screen(value: float) -> None:
+    linear = nn.Linear(64, 1027, bias=False).requires_grad_(False)
+    linear.weight.fill_(value)
+    linear.weight[5, 0] = value * 2  # one token wins where the logits are finite
+    assert Int8Screen.of(linear.weight) is None
+    x = states(20)
+    with torch.inference_mode():
+        assert torch.equal(OutputLayer(linear).argmax(x), first_argmax(linear(x)))
 
 
 @pytest.mark.parametrize("torch_lacks", ["the operator", "exact sums"])

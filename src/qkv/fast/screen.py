@@ -43,12 +43,13 @@ _LOWEST = -(2**31)
 
 
 class Int8Screen:
-    """The int8 copy of an output weight (V, D) float32, and the constants of its bound."""
+    """The int8 copy of an output weight (V, D) float32, and the constants of its bound: made
+    by `of`, for a weight whose largest element is finite and at least 2⁻⁹⁰."""
 
-    def __init__(self, weight: Tensor) -> None:
+    def __init__(self, weight: Tensor, largest: float) -> None:
         self.weight = weight  # (V, D)
         self.vocab_size, d = weight.shape
-        step = float(weight.abs().max()) / 127  # s
+        step = largest / 127  # s
         blocks = -(-self.vocab_size // BLOCK)
         self.quantized = weight.new_zeros(blocks * BLOCK, d, dtype=torch.int8)  # (V', D) ŵ
         residual = kept = largest = 0.0  # max ‖r_v‖, max ‖s ŵ_v‖, max ‖w_v‖
@@ -65,17 +66,22 @@ class Int8Screen:
 
     @classmethod
     def applies(cls, weight: Tensor) -> bool:
-        """Whether a screen can be made of `weight` (V, D) on this machine."""
-        largest = float(weight.detach().abs().max()) if weight.numel() else 0.0
+        """Whether a screen can be made of a weight of this shape, dtype and device here (its
+        values are looked at by `of`)."""
         return (
             weight.device.type == "cpu"
             and weight.dtype == torch.float32
             and weight.size(0) >= MIN_VOCAB
             and weight.size(1) <= MAX_D
-            and math.isfinite(largest)
-            and largest >= _SMALLEST
             and int8_matmuls_exact()
         )
+
+    @classmethod
+    def of(cls, weight: Tensor) -> Int8Screen | None:
+        """The screen of `weight` (V, D), where `applies`; None for a weight whose largest
+        element is not finite or below 2⁻⁹⁰ (its logits are left to float32)."""
+        largest = float(weight.abs().max())
+        return cls(weight, largest) if math.isfinite(largest) and largest >= _SMALLEST else None
 
     def argmax(self, x: Tensor, never: Tensor) -> Tensor | None:
         """x (N, D) float32 -> the index of each row's largest logit (N,) long, the `never`
@@ -85,7 +91,7 @@ class Int8Screen:
             return None
         n, step = x.size(0), largest / 127  # (N,) t
         steps = (x / step[:, None]).round_()  # (N, D) ĥ, integers in float32
-        products = torch._int_mm(steps.to(torch.int8), self.quantized.t())  # (N, V') int32
+        products = _int8_products(steps.to(torch.int8), self.quantized.t())  # (N, V') int32
         rest = _norms(steps.mul_(step[:, None]).sub_(x))  # (N,) ‖q‖
         margin = (self.per_norm * _norms(x) + self.per_rest * rest) / step  # (N,)
         products[:, self.vocab_size :] = _LOWEST
@@ -123,10 +129,17 @@ def int8_matmuls_exact() -> bool:
     try:
         with torch.no_grad():
             return all(
-                torch.equal(torch._int_mm(a, b).long(), a.long() @ b.long()) for a, b in pairs
+                torch.equal(_int8_products(a, b).long(), a.long() @ b.long()) for a, b in pairs
             )
     except RuntimeError:
         return False
+
+
+def _int8_products(a: Tensor, b: Tensor) -> Tensor:
+    """a (N, D) int8 @ b (D, V) int8 -> (N, V) int32: the one call of the private
+    `torch._int_mm`, made only once `int8_matmuls_exact` has found it present and exact."""
+    products: Tensor = torch._int_mm(a, b)
+    return products
 
 
 def _norms(rows: Tensor) -> Tensor:

@@ -29,7 +29,7 @@ class OutputLayer:
         self.vocab_size = linear.weight.size(0)
         self.never = _token_ids(never, self.vocab_size, linear.weight.device)  # (k,)
         self.screens = fast and linear.bias is None and Int8Screen.applies(linear.weight)
-        self._screen: list[Int8Screen] = []  # made once, by one thread
+        self._screen: list[Int8Screen | None] = []  # made once, by one thread
         self._making = threading.Lock()
 
     def excluding(self, never: Sequence[int]) -> OutputLayer:
@@ -41,8 +41,9 @@ class OutputLayer:
     def argmax(self, x: Tensor) -> Tensor:
         """x (N, D) -> the index of each row's largest logit (N,) long, the first on ties."""
         if self.screens and len(x) >= MIN_ROWS and x.is_cpu and x.dtype == torch.float32:
+            screen = self._int8_screen()
             with torch.no_grad():
-                found = self._int8_screen().argmax(x, self.never)  # (N,) or None
+                found = None if screen is None else screen.argmax(x, self.never)  # (N,)
             if found is not None:
                 return found
         return first_argmax(self.logits(x).float())  # (N,)
@@ -55,10 +56,10 @@ class OutputLayer:
             logits = fill(-1, self.never, float("-inf"))
         return logits
 
-    def _int8_screen(self) -> Int8Screen:
+    def _int8_screen(self) -> Int8Screen | None:
         with self._making:
             if not self._screen:
-                self._screen.append(Int8Screen(self.weight.detach()))
+                self._screen.append(Int8Screen.of(self.weight.detach()))
             return self._screen[0]
 
 
