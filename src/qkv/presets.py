@@ -94,17 +94,8 @@ def classification_preset(name: str) -> tuple[ModelConfig, TrainConfig, Classifi
 
     presets = {
         "tiny": (
-            ModelConfig(
-                d_model=32, n_heads=2, d_ff=64, n_encoder_layers=1, n_decoder_layers=0, max_len=128
-            ),
-            TrainConfig(
-                lr=3e-3,
-                warmup=20,
-                max_tokens=2048,
-                eval_every=50,
-                max_epochs=10,
-                label_smoothing=0.0,
-            ),
+            ModelConfig(d_model=32, n_heads=2, d_ff=64, n_encoder_layers=1, max_len=128),
+            TrainConfig(lr=3e-3, warmup=20, max_tokens=2048, eval_every=50, max_epochs=10),
             ClassificationData(vocab_size=500, max_len=64),
         ),
         "seed": (
@@ -113,7 +104,6 @@ def classification_preset(name: str) -> tuple[ModelConfig, TrainConfig, Classifi
                 n_heads=1,
                 d_ff=128,
                 n_encoder_layers=1,
-                n_decoder_layers=0,
                 dropout=0.1,
                 head_dropout=0.5,
                 max_len=80,
@@ -124,7 +114,6 @@ def classification_preset(name: str) -> tuple[ModelConfig, TrainConfig, Classifi
                 max_tokens=32 * 64,
                 eval_every=250,
                 max_epochs=5,
-                label_smoothing=0.0,
                 clip_norm=0.0,
             ),
             ClassificationData(vocab_size=20000, max_len=80, head_tail=True),
@@ -135,7 +124,6 @@ def classification_preset(name: str) -> tuple[ModelConfig, TrainConfig, Classifi
                 n_heads=4,
                 d_ff=512,
                 n_encoder_layers=2,
-                n_decoder_layers=0,
                 dropout=0.2,
                 head_dropout=0.3,
                 max_len=512,
@@ -147,7 +135,6 @@ def classification_preset(name: str) -> tuple[ModelConfig, TrainConfig, Classifi
                 eval_every=175,
                 max_epochs=3,
                 weight_decay=0.01,
-                label_smoothing=0.0,
                 average_last=3,
                 max_minutes=55,
             ),
@@ -158,7 +145,9 @@ def classification_preset(name: str) -> tuple[ModelConfig, TrainConfig, Classifi
         raise ConfigError(
             f"unknown classification preset {name!r}; choose from {', '.join(presets)}"
         )
-    return presets[name]
+    # Every classification preset is an encoder alone, trained without label smoothing.
+    model, train, data = presets[name]
+    return replace(model, n_decoder_layers=0), replace(train, label_smoothing=0.0), data
 
 
 SMALL_DATA = 20_000

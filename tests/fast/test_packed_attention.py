@@ -141,25 +141,20 @@ def test_where_it_applies(
     assert packed_attention_applies(torch.zeros(2, 3, dtype=dtype), dropout_p, longest) is applies
 
 
-def test_the_groups_masks_are_made_once_for_the_layers_of_a_batch(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    import qkv.fast.packed_attention as module
-
-    made = []
-    group_mask = module._group_mask
-    monkeypatch.setattr(module, "_group_mask", lambda *args: made.append(1) or group_mask(*args))
+def test_the_groups_masks_are_made_once_for_the_layers_of_a_batch() -> None:
     tgt = torch.tensor([[5, 6, 7, 8, 9], [9, 5, 0, 0, 0], [6, 7, 8, 0, 0]])
     rows = batch_rows(tgt)
     queries = torch.randn(len(rows.index), 3 * WIDTH)
     mask = decoder_self_mask(tgt, 0)
     first = packed_attention(queries, None, mask, rows, rows, HEADS)
-    calls = len(made)
-    assert calls >= 1
+    made = grid.layout(rows, grid.grouping(rows)).derived  # what the batch computed once
+    held = dict(made)
+    assert any(key[0] == "_group_masks" for key in held)
     second = packed_attention(queries, None, mask, rows, rows, HEADS)  # the next layer
-    assert len(made) == calls and torch.equal(first, second)
+    assert made.keys() == held.keys() and all(made[key] is held[key] for key in held)
+    assert torch.equal(first, second)
     packed_attention(queries, None, mask.clone(), rows, rows, HEADS)  # another mask
-    assert len(made) == 2 * calls
+    assert len(made) == len(held) + 1
 
 
 @pytest.mark.parametrize("scale", [1.0, 0.25])

@@ -84,7 +84,7 @@ def test_bf16_output_does_not_depend_on_the_workers(model: Seq2SeqTransformer) -
 def test_a_cpu_without_native_bf16_gets_a_warning(
     monkeypatch: pytest.MonkeyPatch, model: Seq2SeqTransformer
 ) -> None:
-    monkeypatch.setattr(precision, "native_bf16", lambda device: False)
+    monkeypatch.setattr(precision, "cpu_bf16_matmuls", lambda: False)
     with pytest.warns(UserWarning, match="no native bfloat16 .* slower than float32"):
         copy = decoding_model(model, True, CPU)
     assert next(copy.parameters()).dtype == torch.bfloat16

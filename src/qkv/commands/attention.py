@@ -157,11 +157,10 @@ def _classification_attention(run_dir: Path, text: str) -> SentenceAttention:
     logits, maps = classifier.model.forward_with_maps(torch.tensor([ids]))  # (1, C)
     probabilities = logits[0].softmax(-1)  # (C,)
     predicted = int(probabilities.argmax())
-    label = classifier.labels[predicted]
     tokens = classifier.tokenizer.tokens_from_ids(ids)
     return SentenceAttention(
         maps={ENCODER_SELF: [m[0] for m in maps.encoder_self]},  # (H, S, S) per layer
         query_tokens={ENCODER_SELF: tokens},
         key_tokens={ENCODER_SELF: tokens},
-        title=f"predicted: {label} ({float(probabilities[predicted]):.0%})",
+        title=f"predicted: {classifier.labels[predicted]} ({float(probabilities[predicted]):.0%})",
     )

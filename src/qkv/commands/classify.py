@@ -25,8 +25,7 @@ def run(args: argparse.Namespace) -> int:
         texts = read_texts(Path(args.input), text_field=field, clean=clean_text)
     else:
         texts = input_lines(None)
-        empty = [i + 1 for i, t in enumerate(texts) if is_blank(clean_text(t))]
-        if empty:
+        if empty := [i + 1 for i, t in enumerate(texts) if is_blank(clean_text(t))]:
             raise DataError("<stdin>", "empty text (nothing but spaces or line breaks)", empty[0])
     for text, (label, prob) in zip(texts, classifier.predict(texts), strict=True):
         if args.json:
@@ -44,9 +43,8 @@ def evaluate_classification(args: argparse.Namespace) -> int:
     if not args.data:
         raise ConfigError("evaluate on a classification run needs --data FILE")
     classifier = Classifier.load(args.run_dir, device_name(args))
-    data = classifier.data
     index = {name: i for i, name in enumerate(classifier.labels)}
-    texts, gold = data.read(args.data, known_labels=index)
+    texts, gold = classifier.data.read(args.data, known_labels=index)
     predicted = classifier.probabilities(texts).argmax(-1).tolist()
     scores = score_classification([index[g] for g in gold], predicted, classifier.labels)
     if args.json:

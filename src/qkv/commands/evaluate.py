@@ -6,16 +6,16 @@ import argparse
 from dataclasses import asdict
 from pathlib import Path
 
-from qkv.cli import device_name, given_options, print_json
+from qkv.cli import decode_options, device_name, given_options, print_json
 from qkv.errors import ConfigError
 from qkv.run import RunConfig
 
 TASK_OPTIONS = {
     "translation": (
-        *("src", "ref", "beam", "alpha", "max_len_a", "max_len_b", "workers", "bf16"),
-        *("engine", "quantize"),
+        *("--src", "--ref", "--beam", "--alpha", "--max-len-a", "--max-len-b", "--workers"),
+        *("--bf16", "--engine", "--quantize"),
     ),
-    "classification": ("data",),
+    "classification": ("--data",),
 }
 """The options of `qkv evaluate` that belong to each task."""
 
@@ -43,16 +43,7 @@ def _translation(args: argparse.Namespace) -> int:
     sources, references = read_parallel(Path(args.src), Path(args.ref))
     tune_allocator()  # decoding allocates the same large blocks every step
     translator = Translator.load(args.run_dir, device_name(args), args.engine, args.quantize)
-    hypotheses = translator.translate(
-        sources,
-        beam_size=args.beam,
-        alpha=args.alpha,
-        progress=True,
-        workers=args.workers,
-        bf16=args.bf16,
-        max_len_a=args.max_len_a,
-        max_len_b=args.max_len_b,
-    )
+    hypotheses = translator.translate(sources, progress=True, **decode_options(args))
     scores = score_translations(hypotheses, references)
     if args.json:
         settings = ("beam", "alpha", "bf16", "max_len_a", "max_len_b", "engine", "quantize")

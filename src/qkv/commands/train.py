@@ -11,10 +11,10 @@ import argparse
 import contextlib
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 from qkv import overrides
+from qkv.cli import given_options
 from qkv.errors import ConfigError
 from qkv.run import CONFIG_FILE, LOCK_FILE, RunConfig, run_lock
 from qkv.training import distributed
@@ -40,7 +40,10 @@ DATA_PATHS = ("data_dir", "train_file", "valid_file")
 
 def run(args: argparse.Namespace) -> int:
     try:
-        with distributed.joined(), _quiet_unless_main():
+        with distributed.joined(), contextlib.ExitStack() as quiet:
+            if not distributed.is_main():  # under torchrun, rank 0 alone prints (errors show)
+                null = quiet.enter_context(open(os.devnull, "w", encoding="utf-8"))
+                quiet.enter_context(contextlib.redirect_stdout(null))
             return _run(args)
     except distributed.RankLost as error:
         run_dir = Path(args.resume or args.out or "")
@@ -52,22 +55,12 @@ def run(args: argparse.Namespace) -> int:
         ) from None
 
 
-@contextlib.contextmanager
-def _quiet_unless_main() -> Iterator[None]:
-    """Under torchrun, the standard output of rank 0 alone (the others' errors still show)."""
-    if distributed.is_main():
-        yield
-        return
-    with open(os.devnull, "w", encoding="utf-8") as null, contextlib.redirect_stdout(null):
-        yield
-
-
 def _run(args: argparse.Namespace) -> int:
     if args.task is not None and "=" in args.task:  # a key=value, not a task
         args.overrides, args.task = [args.task, *args.overrides], None
     if args.resume:
         flags = ("task", "--out", "--preset", *FLAG_SETTINGS["translation"])
-        if given := _given(args, (*flags, *FLAG_SETTINGS["classification"])):
+        if given := given_options(args, (*flags, *FLAG_SETTINGS["classification"])):
             raise ConfigError(
                 f"--resume continues a run with its own settings, so {given[0]} does not apply "
                 "(data that moved: data_dir=, train_file= or valid_file=)"
@@ -78,14 +71,14 @@ def _run(args: argparse.Namespace) -> int:
     if args.task is None or args.out is None:
         raise ConfigError("train needs a task (translation or classification) and --out RUN")
     other = "classification" if args.task == "translation" else "translation"
-    if given := _given(args, tuple(FLAG_SETTINGS[other])):
+    if given := given_options(args, tuple(FLAG_SETTINGS[other])):
         raise ConfigError(f"{given[0]} is for {other}, not {args.task}")
     out = Path(args.out)
     values = overrides.parse_pairs(args.overrides)
     if wrong := sorted(set(values) & NOT_FOR[args.task]):
         raise ConfigError(f"{', '.join(wrong)} does not apply to {args.task}")
     for flag, key in FLAG_SETTINGS[args.task].items():
-        if key in values and _given(args, (flag,)):
+        if key in values and given_options(args, (flag,)):
             raise ConfigError(f"{flag} and {key}= both say the same thing; give one")
     if args.task == "translation" and "tgt_vocab_size" in values:
         raise ConfigError("translation shares one vocabulary (vocab_size) between its two sides")
@@ -138,13 +131,6 @@ def _check_new(out: Path) -> None:
             f"{out} holds files and no run ({', '.join(foreign[:3])}{more}); "
             "give a new or empty directory"
         )
-
-
-def _given(args: argparse.Namespace, flags: tuple[str, ...]) -> list[str]:
-    """Those of `flags` ("--out", or "task" for the positional) given on the command line,
-    where none has a default."""
-    names = {flag: flag.removeprefix("--").replace("-", "_") for flag in flags}
-    return [flag for flag, name in names.items() if getattr(args, name, None) is not None]
 
 
 def _train(args: argparse.Namespace, out: Path, values: dict[str, str]) -> Progress:
@@ -204,15 +190,14 @@ def _resume(run_dir: Path, values: dict[str, str]) -> int:
                     f"{run_dir}: its {key} {place} is gone; if the data moved, give its new "
                     f"place: qkv train --resume {run_dir} {key}=NEW"
                 )
-        if values:
-            run.train, rest = overrides.apply(run.train, values)
-            if unknown := sorted(set(rest) - set(run.data) - set(run.model.to_dict())):
-                raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")
-            if rest:
-                raise ConfigError(
-                    "only training settings and the data's places can change when resuming, "
-                    f"not: {', '.join(sorted(rest))}"
-                )
+        run.train, rest = overrides.apply(run.train, values)
+        if unknown := sorted(set(rest) - set(run.data) - set(run.model.to_dict())):
+            raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")
+        if rest:
+            raise ConfigError(
+                "only training settings and the data's places can change when resuming, "
+                f"not: {', '.join(sorted(rest))}"
+            )
         # The changes are saved once the data checks out: the same text, wherever it now is.
         if run.task == "translation":
             from qkv.tasks.translation import train_translation
@@ -227,12 +212,8 @@ def _resume(run_dir: Path, values: dict[str, str]) -> int:
 
 def report_done(task: str, run_dir: Path, progress: Progress) -> int:
     """Prints where a finished run is, its best score and how to use it; returns exit code 0."""
-    if task == "translation":
-        best = f"bleu {progress.best:.2f}"
-        use = f"translate with: qkv translate {run_dir} --input FILE"
-    else:
-        best = f"accuracy {progress.best:.4f}"
-        use = f"classify with: qkv classify {run_dir} --input FILE"
+    best = f"bleu {progress.best:.2f}" if task == "translation" else f"accuracy {progress.best:.4f}"
+    verb = "translate" if task == "translation" else "classify"
     print(f"done: {run_dir} (best {best} at step {progress.best_step})")
-    print(use)
+    print(f"{verb} with: qkv {verb} {run_dir} --input FILE")
     return 0

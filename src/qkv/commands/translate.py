@@ -6,15 +6,15 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
-from qkv.cli import device_name, given_options
+from qkv.cli import decode_options, device_name, given_options
 from qkv.commands.io import check_output, input_lines, write_lines
 from qkv.errors import ConfigError
 
 if TYPE_CHECKING:
     from qkv.inference.translator import Hypothesis
 
-SEARCH_OPTIONS = ("beam", "alpha")
-SAMPLING_OPTIONS = ("temperature", "top_k", "top_p")
+SEARCH_OPTIONS = ("--beam", "--alpha")
+SAMPLING_OPTIONS = ("--temperature", "--top-k", "--top-p")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,34 +34,16 @@ def run(args: argparse.Namespace) -> int:
     check_output(args.output)  # before the work, not after
     translator = Translator.load(args.run_dir, device_name(args), args.engine, args.quantize)
     lines = input_lines(args.input)
+    options = decode_options(args, sampling=True)
     found = translator.hypotheses(
-        lines,
-        n_best=args.n_best,
-        scored=args.json,
-        beam_size=args.beam,
-        alpha=args.alpha,
-        sampling=args.sample,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
-        cuda_graphs=not args.no_cuda_graphs,
-        workers=args.workers,
-        bf16=args.bf16,
-        max_len_a=args.max_len_a,
-        max_len_b=args.max_len_b,
-        progress=True,
+        lines, n_best=args.n_best, scored=args.json, progress=True, **options
     )
     if args.json:
-        write_lines(
-            args.output,
-            [
-                json.dumps(_record(line, h), ensure_ascii=False)
-                for line, h in zip(lines, found, strict=True)
-            ],
-        )
+        pairs = zip(lines, found, strict=True)
+        output = [json.dumps(_record(line, h), ensure_ascii=False) for line, h in pairs]
     else:
-        write_lines(args.output, [hypotheses[0].text for hypotheses in found])
+        output = [hypotheses[0].text for hypotheses in found]
+    write_lines(args.output, output)
     return 0
 
 

@@ -14,6 +14,7 @@ from typing import TypeVar
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from qkv.data.special import BOS_ID, CLS_ID, EOS_ID, PAD_ID
 
@@ -93,12 +94,8 @@ def target_rows(labels: torch.Tensor, multiple: int = 256) -> tuple[torch.Tensor
     host counts the targets, which a CUDA-graph step could not without a read-back."""
     flat = labels.reshape(-1)  # (B * T,)
     real = (flat != PAD_ID).nonzero().squeeze(1)  # (M,)
-    size = max(round_up(real.numel(), multiple), multiple)
-    rows = torch.zeros(size, dtype=torch.long)  # (K,)
-    rows[: real.numel()] = real
-    row_labels = torch.full((size,), PAD_ID, dtype=torch.long)  # (K,)
-    row_labels[: real.numel()] = flat[real]
-    return rows, row_labels
+    filler = max(round_up(real.numel(), multiple), multiple) - real.numel()  # K - M
+    return F.pad(real, (0, filler)), F.pad(flat[real].long(), (0, filler), value=PAD_ID)
 
 
 def bucket_inputs(batch: PairBatch) -> dict[str, torch.Tensor]:
@@ -115,9 +112,7 @@ def round_up(n: int, multiple: int) -> int:
 
 def pad_ids(ids: torch.Tensor, batch_size: int, length: int) -> torch.Tensor:
     """ids (B, L) -> (batch_size, length), PAD after each row and in the rows added."""
-    out = ids.new_full((batch_size, length), PAD_ID)
-    out[: ids.size(0), : ids.size(1)] = ids
-    return out
+    return F.pad(ids, (0, length - ids.size(1), 0, batch_size - ids.size(0)), value=PAD_ID)
 
 
 def collate_texts(ids: Sequence[Row], labels: Sequence[int], cls: bool = False) -> TextBatch:
@@ -190,21 +185,17 @@ def truncate(ids: list[int], max_len: int, head_tail: bool = False) -> list[int]
 
 
 def _cut(sorted_lengths: np.ndarray, indices: np.ndarray, max_tokens: int) -> list[np.ndarray]:
-    """Greedy cut of length-sorted examples; each batch found by binary search on its end."""
+    """Greedy cut of length-sorted examples: each batch as long as the budget allows."""
     batches: list[np.ndarray] = []
-    start, n = 0, len(indices)
-    while start < n:
+    start = 0
+    while start < len(indices):
         cap = max(max_tokens // max(int(sorted_lengths[start]), 1), 1)
-        # (end - start) * sorted_lengths[end - 1] grows with end: the last end in budget.
-        low, high = start + 1, min(n, start + cap)
-        while low < high:
-            middle = (low + high + 1) // 2
-            if (middle - start) * int(sorted_lengths[middle - 1]) <= max_tokens:
-                low = middle
-            else:
-                high = middle - 1
-        batches.append(indices[start:low])
-        start = low
+        window = sorted_lengths[start : start + cap]
+        # size * window[size - 1] grows with size: the sizes in budget come first.
+        fits = np.count_nonzero(np.arange(1, len(window) + 1) * window <= max_tokens)
+        size = max(int(fits), 1)  # one example over the budget makes a batch of its own
+        batches.append(indices[start : start + size])
+        start += size
     return batches
 
 

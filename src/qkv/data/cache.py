@@ -13,18 +13,17 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import itertools
 import json
 import os
 import shutil
 import tempfile
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
+from safetensors import SafetensorError, safe_open
 
 from qkv.data.token_array import IDS_DTYPE, OFFSETS_DTYPE, OnDisk, OpenFile, TokenArray
 from qkv.errors import DataError
@@ -78,100 +77,79 @@ def text_digest(*columns: Sequence[str]) -> str:
 
 
 @dataclass
-class _Piece:
-    """One array as it is written: its ids and lengths in files of their own."""
+class _Part:
+    """One tensor as it is written: a file of its own, its SHA-256 and its number of entries."""
 
-    ids: BinaryIO
-    lengths: BinaryIO
-    ids_sha: hashlib._Hash
-    rows: int = 0
-    tokens: int = 0
+    file: BinaryIO
+    dtype: str  # "I64" or "I32", as safetensors names it
+    sha: hashlib._Hash = field(default_factory=hashlib.sha256)
+    entries: int = 0
+
+    def write(self, values: np.ndarray) -> None:
+        data = np.ascontiguousarray(values, dtype=DTYPES[self.dtype]).tobytes()
+        self.file.write(data)
+        self.sha.update(data)
+        self.entries += len(values)
 
 
-class TokenCacheWriter:
+class TokenCacheWriter(contextlib.ExitStack):
     """Writes a token cache a chunk at a time (`append`), then whole and atomically (`finish`);
-    a writer left without `finish` leaves nothing behind and any older cache as it was."""
+    a writer closed without `finish` leaves nothing behind and any older cache as it was."""
 
     def __init__(self, path: Path) -> None:
+        super().__init__()
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         self.work = Path(tempfile.mkdtemp(prefix=f"{path.name}.", suffix=".tmp", dir=path.parent))
-        self.pieces: dict[str, _Piece] = {}
-
-    def __enter__(self) -> TokenCacheWriter:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Removes the pieces (`finish` has taken what it needs)."""
-        for piece in self.pieces.values():
-            piece.ids.close()
-            piece.lengths.close()
-        shutil.rmtree(self.work, ignore_errors=True)
+        self.callback(shutil.rmtree, self.work, ignore_errors=True)  # once the parts are closed
+        self.parts: dict[str, _Part] = {}  # by tensor: "train.src.offsets", "train.src.ids"
 
     def append(self, name: str, ids: np.ndarray, lengths: np.ndarray) -> None:
         """Adds rows to array `name`: their ids, flat (N,), and their lengths (n,)."""
         if int(lengths.sum()) != len(ids):
             raise ValueError(f"{len(ids)} ids but lengths adding up to {int(lengths.sum())}")
-        piece = self.pieces.get(name)
-        if piece is None:
-            ids_file = open(self.work / f"{name}.ids", "wb")  # noqa: SIM115 (closed by close)
-            lengths_file = open(self.work / f"{name}.lengths", "wb")  # noqa: SIM115
-            piece = self.pieces[name] = _Piece(ids_file, lengths_file, hashlib.sha256())
-        data = np.ascontiguousarray(ids, dtype=IDS_DTYPE).tobytes()
-        piece.ids.write(data)
-        piece.ids_sha.update(data)
-        piece.lengths.write(np.ascontiguousarray(lengths, dtype=OFFSETS_DTYPE).tobytes())
-        piece.rows += len(lengths)
-        piece.tokens += len(ids)
+        if f"{name}.ids" not in self.parts:
+            for key, dtype in ((f"{name}.offsets", "I64"), (f"{name}.ids", "I32")):
+                file = self.enter_context(open(self.work / key, "wb"))  # noqa: SIM115
+                self.parts[key] = _Part(file, dtype)
+            self.parts[f"{name}.offsets"].write(np.zeros(1))
+        offsets, tokens = self.parts[f"{name}.offsets"], self.parts[f"{name}.ids"]
+        offsets.write(np.cumsum(lengths, dtype=OFFSETS_DTYPE) + tokens.entries)
+        tokens.write(ids)
 
     def add(self, name: str, sequences: Iterable[Sequence[int]]) -> None:
         """Adds rows held in memory to array `name`."""
         rows = TokenArray.from_lists(sequences)
-        self.append(name, rows.ids.read(0, rows.ids.size), rows.lengths)
+        self.append(name, rows.flat(), rows.lengths)
 
     def finish(self, digests: dict[str, str]) -> TokenCache:
         """Joins the arrays into the cache file, with the `text_digest` of each split (by
         split name: "train", "train.src", ...), renames it into place and reads it back."""
-        tensors: list[tuple[str, str, int, Path]] = []  # name, dtype, entries, file
-        shas: dict[str, str] = {}
-        for name, piece in self.pieces.items():
-            piece.ids.close()
-            piece.lengths.close()
-            offsets = self.work / f"{name}.offsets"
-            shas[f"{name}.offsets"] = _write_offsets(self.work / f"{name}.lengths", offsets)
-            shas[f"{name}.ids"] = piece.ids_sha.hexdigest()
-            tensors.append((f"{name}.offsets", "I64", piece.rows + 1, offsets))
-        for name, piece in self.pieces.items():  # int32 after every int64: all aligned
-            tensors.append((f"{name}.ids", "I32", piece.tokens, self.work / f"{name}.ids"))
-        header: dict[str, object] = {
-            "__metadata__": {
-                **{DIGEST_PREFIX + split: value for split, value in digests.items()},
-                "format": FORMAT,
-                **{SHA_PREFIX + key: value for key, value in shas.items()},
-            }
+        for part in self.parts.values():
+            part.file.close()
+        metadata = {
+            **{DIGEST_PREFIX + split: value for split, value in digests.items()},
+            "format": FORMAT,
+            **{SHA_PREFIX + key: part.sha.hexdigest() for key, part in self.parts.items()},
         }
+        # Every int64 tensor before the int32 ones: each is aligned to its entries.
+        parts = sorted(self.parts.items(), key=lambda item: item[1].dtype != "I64")
+        header: dict[str, object] = {"__metadata__": metadata}
         end = 0
-        for key, dtype, entries, _ in tensors:
-            size = entries * DTYPES[dtype].itemsize
-            header[key] = {"dtype": dtype, "shape": [entries], "data_offsets": [end, end + size]}
+        for key, part in parts:
+            size = part.entries * DTYPES[part.dtype].itemsize
+            shape = [part.entries]
+            header[key] = {"dtype": part.dtype, "shape": shape, "data_offsets": [end, end + size]}
             end += size
         encoded = json.dumps(header, separators=(",", ":")).encode()
         encoded += b" " * (-len(encoded) % 8)  # safetensors pads its header to 8 bytes
         joined = self.work / self.path.name
         with joined.open("wb") as out:
             out.write(len(encoded).to_bytes(8, "little") + encoded)
-            for *_, part in tensors:
-                with part.open("rb") as source:
+            for key, _ in parts:
+                with (self.work / key).open("rb") as source:
                     shutil.copyfileobj(source, out, COPY_BYTES)
-                part.unlink()
+                (self.work / key).unlink()  # the disk holds the corpus once, not twice
             out.flush()
             os.fsync(out.fileno())
         os.replace(joined, self.path)
@@ -180,24 +158,6 @@ class TokenCacheWriter:
         if cache is None:
             raise DataError(self.path, "the token cache just written cannot be read back")
         return cache
-
-
-def _write_offsets(lengths_path: Path, offsets_path: Path) -> str:
-    """Writes the running sums (n + 1,) of lengths (n,) read from a file; their SHA-256."""
-    sha = hashlib.sha256()
-    total = 0
-    with lengths_path.open("rb") as source, offsets_path.open("wb") as out:
-        first = np.zeros(1, OFFSETS_DTYPE).tobytes()
-        out.write(first)
-        sha.update(first)
-        while block := source.read(COPY_BYTES):
-            sums = np.cumsum(np.frombuffer(block, OFFSETS_DTYPE)) + total
-            total = int(sums[-1])
-            data = sums.astype(OFFSETS_DTYPE).tobytes()
-            out.write(data)
-            sha.update(data)
-    lengths_path.unlink()
-    return sha.hexdigest()
 
 
 @dataclass
@@ -212,22 +172,29 @@ def open_token_cache(path: Path, verify: bool = True) -> TokenCache | None:
     """The cache at `path`; None when it is missing, unreadable, of another format, cut short
     or (with `verify`, a pass over the file) not what was written."""
     try:
+        with safe_open(path, "numpy"):  # checks that the tensors fill the file, no more
+            pass
         file = OpenFile(path)
         header, metadata = _read_header(file)
         if metadata.get("format") != FORMAT:
             return None
-        tensors = _tensors(file, header)
+        start = 8 + int.from_bytes(file.read(8, 0), "little")
+        tensors: dict[str, OnDisk] = {}
+        for key, spec in header.items():
+            (size,) = spec["shape"]  # a ValueError unless 1-D
+            begin = start + spec["data_offsets"][0]
+            tensors[key] = OnDisk(file, begin, DTYPES[spec["dtype"]], size)
         arrays = _arrays(tensors)
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, SafetensorError):
         return None
-    if verify and any(_sha256(t) != metadata.get(SHA_PREFIX + k) for k, t in tensors.items()):
+    if verify and any(t.sha256() != metadata.get(SHA_PREFIX + k) for k, t in tensors.items()):
         return None
     return TokenCache(arrays, metadata)
 
 
 def read_metadata(path: Path) -> dict[str, str]:
-    """The metadata of the safetensors file at `path` (a cache of any format); {} when it is
-    missing or unreadable."""
+    """The metadata of the safetensors file at `path` (a cache of any format, even cut
+    short); {} when it is missing or unreadable."""
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         return _read_header(OpenFile(path))[1]
     return {}
@@ -248,7 +215,7 @@ def check_same_data(path: Path, texts: dict[str, tuple[Path, str]]) -> None:
             )
 
 
-def _read_header(file: OpenFile) -> tuple[dict[str, dict[str, object]], dict[str, str]]:
+def _read_header(file: OpenFile) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """A safetensors file's tensor entries and metadata; ValueError if it has none."""
     size = int.from_bytes(file.read(8, 0), "little")
     if not 2 <= size <= HEADER_LIMIT:
@@ -260,28 +227,6 @@ def _read_header(file: OpenFile) -> tuple[dict[str, dict[str, object]], dict[str
     return header, metadata
 
 
-def _tensors(file: OpenFile, header: dict[str, dict[str, object]]) -> dict[str, OnDisk]:
-    """The header's 1-D tensors on disk; ValueError unless they fill the file exactly."""
-    start = 8 + int.from_bytes(file.read(8, 0), "little")
-    tensors: dict[str, OnDisk] = {}
-    spans: list[tuple[int, int]] = []
-    for key, spec in header.items():
-        dtype, shape = DTYPES[str(spec["dtype"])], spec["shape"]
-        begin, end = (int(x) for x in spec["data_offsets"])  # type: ignore[attr-defined]
-        if not isinstance(shape, list) or len(shape) != 1:
-            raise ValueError(f"{file.path}: tensor {key} is not 1-D")
-        if end - begin != int(shape[0]) * dtype.itemsize:
-            raise ValueError(f"{file.path}: tensor {key} does not fit its place")
-        tensors[key] = OnDisk(file, start + begin, dtype, int(shape[0]))
-        spans.append((begin, end))
-    spans.sort()
-    if any(a[1] != b[0] for a, b in itertools.pairwise(spans)) or (spans and spans[0][0] != 0):
-        raise ValueError(f"{file.path}: tensors overlap or leave gaps")
-    if start + (spans[-1][1] if spans else 0) != os.fstat(file.fd).st_size:
-        raise ValueError(f"{file.path}: file size does not match its header (cut short?)")
-    return tensors
-
-
 def _arrays(tensors: dict[str, OnDisk]) -> dict[str, TokenArray]:
     """The token arrays of a cache's tensors; ValueError for a pair that does not fit."""
     arrays: dict[str, TokenArray] = {}
@@ -290,22 +235,9 @@ def _arrays(tensors: dict[str, OnDisk]) -> dict[str, TokenArray]:
             continue
         name = key.removesuffix(".ids")
         offsets = tensors[f"{name}.offsets"]
-        if ids.dtype != IDS_DTYPE or offsets.dtype != OFFSETS_DTYPE or offsets.size < 1:
+        if ids.dtype != IDS_DTYPE or offsets.dtype != OFFSETS_DTYPE:
             raise ValueError(f"{name}: not a token array")
-        first, last = (
-            int(offsets.read(0, 1)[0]),
-            int(offsets.read(offsets.size - 1, offsets.size)[0]),
-        )
-        if first != 0 or last != ids.size:
+        arrays[name] = TokenArray(ids, offsets)  # a ValueError without offsets
+        if offsets[0:1][0] != 0 or offsets[offsets.size - 1 : offsets.size][0] != ids.size:
             raise ValueError(f"{name}: offsets do not span the ids")
-        arrays[name] = TokenArray(ids, offsets)
     return arrays
-
-
-def _sha256(tensor: OnDisk) -> str:
-    sha = hashlib.sha256()
-    item = tensor.dtype.itemsize
-    for begin in range(0, tensor.size * item, COPY_BYTES):
-        count = min(COPY_BYTES, tensor.size * item - begin)
-        sha.update(tensor.file.read(count, tensor.start + begin))
-    return sha.hexdigest()

@@ -114,11 +114,8 @@ def read_texts(
 
 
 def split_lines(text: str, path: str | Path) -> list[str]:
-    """Lines of `text` (read from `path`) without the carriage returns that end them.
-
-    Lines are split on "\\n" only, not on the other breaks `str.splitlines` knows, so that a
-    stray U+2028 cannot shift a parallel corpus out of alignment.
-    """
+    """Lines of `text` (read from `path`) as `split_text` splits them (on "\\n" only); a
+    DataError if carriage returns alone end them."""
     lines = split_text(text)
     if "\n" not in text and len(lines) == 1 and "\r" in lines[0]:  # "\n"-ended: a CR inside
         raise DataError(path, CR_ALONE)

@@ -122,6 +122,5 @@ def encoded(
             if len(pending) > IN_FLIGHT:
                 chunk, future = pending.popleft()
                 yield chunk, future.result()
-        while pending:
-            chunk, future = pending.popleft()
+        for chunk, future in pending:
             yield chunk, future.result()

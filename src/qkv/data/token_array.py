@@ -9,33 +9,14 @@ touch maps up to 2 MiB, so random rows of a large cache would soon map all of it
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Protocol
 
 import numpy as np
 
 IDS_DTYPE, OFFSETS_DTYPE = np.dtype("<i4"), np.dtype("<i8")
 READ_BLOCK = 1 << 20  # entries read at a time by a pass over a whole array
-
-
-class Flat(Protocol):
-    """A flat array read by ranges."""
-
-    size: int
-
-    def read(self, start: int, stop: int) -> np.ndarray:
-        """Entries [start, stop) as an array of their own (1-D)."""
-
-
-class InMemory:
-    """A flat array held in memory (a numpy array, or a memory map of one)."""
-
-    def __init__(self, values: np.ndarray) -> None:
-        self.values, self.size = values, len(values)
-
-    def read(self, start: int, stop: int) -> np.ndarray:
-        return self.values[start:stop]
 
 
 class OpenFile:
@@ -60,21 +41,29 @@ class OpenFile:
 
 
 class OnDisk:
-    """A flat array of `size` entries of `dtype` at byte `start` of a file."""
+    """A flat array of `size` entries of `dtype` at byte `start` of a file, sliced as a numpy
+    array is (`array[start:stop]`, no step) but read from the file at each slice."""
 
     def __init__(self, file: OpenFile, start: int, dtype: np.dtype, size: int) -> None:
         self.file, self.start, self.dtype, self.size = file, start, dtype, size
 
-    def read(self, start: int, stop: int) -> np.ndarray:
+    def __getitem__(self, span: slice) -> np.ndarray:
         item = self.dtype.itemsize
-        data = self.file.read((stop - start) * item, self.start + start * item)
+        data = self.file.read((span.stop - span.start) * item, self.start + span.start * item)
         return np.frombuffer(data, dtype=self.dtype)
+
+    def sha256(self) -> str:
+        """The SHA-256 of its bytes, read a block at a time."""
+        sha = hashlib.sha256()
+        for begin in range(0, self.size, READ_BLOCK):
+            sha.update(self[begin : min(begin + READ_BLOCK, self.size)].data)
+        return sha.hexdigest()
 
 
 class TokenArray:
     """n sequences of token ids: `len`, `lengths`, and rows as int32 arrays."""
 
-    def __init__(self, ids: Flat, offsets: Flat) -> None:
+    def __init__(self, ids: np.ndarray | OnDisk, offsets: np.ndarray | OnDisk) -> None:
         if offsets.size < 1:
             raise ValueError("offsets need at least one entry (0)")
         self.ids, self.offsets = ids, offsets
@@ -86,7 +75,7 @@ class TokenArray:
         lengths = np.fromiter(map(len, rows), dtype=OFFSETS_DTYPE, count=len(rows))
         offsets = np.concatenate([np.zeros(1, OFFSETS_DTYPE), np.cumsum(lengths)])  # (n + 1,)
         ids = np.concatenate(rows) if rows else np.zeros(0, IDS_DTYPE)  # (N,)
-        return cls(InMemory(ids.astype(IDS_DTYPE)), InMemory(offsets))
+        return cls(ids.astype(IDS_DTYPE), offsets)
 
     @property
     def on_disk(self) -> bool:
@@ -101,13 +90,17 @@ class TokenArray:
         if not -len(self) <= index < len(self):
             raise IndexError(f"row {index} of {len(self)}")
         index %= len(self)
-        start, stop = (int(x) for x in self.offsets.read(index, index + 2))
-        return self.ids.read(start, stop)
+        start, stop = (int(x) for x in self.offsets[index : index + 2])
+        return self.ids[start:stop]
+
+    def _blocks(self) -> Iterator[tuple[int, np.ndarray]]:
+        """The offsets a block of rows at a time: the first row's index and (rows + 1,)."""
+        for block in range(0, len(self), READ_BLOCK):
+            yield block, self.offsets[block : min(block + READ_BLOCK, len(self)) + 1]
 
     def __iter__(self) -> Iterator[np.ndarray]:
-        for block in range(0, len(self), READ_BLOCK):
-            bounds = self.offsets.read(block, min(block + READ_BLOCK, len(self)) + 1)
-            run = self.ids.read(int(bounds[0]), int(bounds[-1]))
+        for _, bounds in self._blocks():
+            run = self.ids[int(bounds[0]) : int(bounds[-1])]
             yield from np.split(run, (bounds[1:-1] - bounds[0]).tolist())
 
     def rows(self, indices: Iterable[int]) -> list[np.ndarray]:
@@ -118,14 +111,13 @@ class TokenArray:
     def lengths(self) -> np.ndarray:
         """(n,) int32: each row's length, read in one pass."""
         out = np.empty(len(self), dtype=np.int32)
-        for block in range(0, len(self), READ_BLOCK):
-            bounds = self.offsets.read(block, min(block + READ_BLOCK, len(self)) + 1)
+        for block, bounds in self._blocks():
             out[block : block + len(bounds) - 1] = np.diff(bounds)
         return out
 
     def flat(self) -> np.ndarray:
         """(N,) int32: every id, row after row (a label array's labels, say)."""
-        return self.ids.read(0, self.ids.size)
+        return self.ids[0 : self.ids.size]
 
     def tolist(self) -> list[list[int]]:
         """Every row as a list of ints (for small sets)."""

@@ -8,7 +8,7 @@ import signal
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from itertools import chain, islice
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +22,6 @@ from qkv.training.checkpoint import atomic_write_text
 
 WORD_MARKER = "▁"  # U+2581: replaces the space before each word, as in SentencePiece
 ALPHABET_LIMIT = 1000  # the alphabet keeps this many commonest characters; rarer become <unk>
-TRAIN_CHUNK = 1000  # texts handed to the trainer at a time
 
 
 def check_vocabulary(vocab_size: int, min_frequency: int) -> None:
@@ -82,7 +81,7 @@ class Tokenizer:
             limit_alphabet=ALPHABET_LIMIT,
             show_progress=False,
         )
-        hf.train_from_iterator(_chunks(texts, TRAIN_CHUNK), trainer=trainer)
+        hf.train_from_iterator(texts, trainer=trainer)  # read in batches, in order
         return cls(hf)
 
     def save(self, path: str | Path) -> None:
@@ -201,9 +200,3 @@ def _interrupts_kept() -> Iterator[None]:
         previous(signal.SIGINT, None)  # Python's own handler raises KeyboardInterrupt
     elif caught and previous == signal.SIG_DFL:
         raise KeyboardInterrupt
-
-
-def _chunks(texts: Iterable[str], size: int) -> Iterator[list[str]]:
-    iterator = iter(texts)
-    while chunk := list(islice(iterator, size)):
-        yield chunk

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass
 class ClassificationScores:
@@ -27,21 +29,16 @@ def score_classification(
         bad = next((i for i in indices if type(i) is not int or not 0 <= i < n), None)
         if bad is not None:
             raise ValueError(f"{name} labels must be indices in [0, {n}) of `labels`, got {bad!r}")
-    confusion = [[0] * n for _ in range(n)]
-    for g, p in zip(gold, predicted, strict=True):
-        confusion[g][p] += 1
-    correct = sum(confusion[i][i] for i in range(n))
-    f1s = []
-    for i in range(n):
-        tp = confusion[i][i]
-        fp = sum(confusion[j][i] for j in range(n)) - tp
-        fn = sum(confusion[i]) - tp
-        if tp + fp + fn:  # the label occurs
-            f1s.append(2 * tp / (2 * tp + fp + fn))
+    confusion = np.zeros((n, n), dtype=np.int64)
+    np.add.at(confusion, (gold, predicted), 1)
+    correct = confusion.diagonal()
+    # F1 = 2 tp / (2 tp + fp + fn), where 2 tp + fp + fn = predicted + gold counts of the label
+    occurs = confusion.sum(0) + confusion.sum(1)
+    f1s = (2 * correct[occurs > 0] / occurs[occurs > 0]).tolist()
     return ClassificationScores(
-        accuracy=correct / max(len(gold), 1),
+        accuracy=int(correct.sum()) / max(len(gold), 1),
         macro_f1=sum(f1s) / max(len(f1s), 1),
-        confusion=confusion,
+        confusion=confusion.tolist(),
         labels=labels,
         examples=len(gold),
     )

@@ -37,12 +37,9 @@ class StepAttention(MultiHeadAttention):
         queries = q.reshape(batch * heads, length, head_dim)  # (B * H, T, K)
         keys = k.reshape(batch * heads, n_keys, head_dim).transpose(1, 2)  # (B * H, K, S)
         scale = 1.0 / math.sqrt(head_dim)
-        if mask is None:
-            scores = torch.baddbmm(q.new_zeros(()), queries, keys, beta=0.0, alpha=scale)
-            guard = False
-        else:
-            bias, guard = self._bias(mask, heads, q.dtype)  # (B * H, 1, S)
-            scores = torch.baddbmm(bias, queries, keys, alpha=scale)  # (B * H, T, S)
+        no_bias = q.new_zeros(()), False  # adding 0 changes no score
+        bias, guard = no_bias if mask is None else self._bias(mask, heads, q.dtype)  # (B*H, 1, S)
+        scores = torch.baddbmm(bias, queries, keys, alpha=scale)  # (B * H, T, S)
         weights = torch.softmax(scores, dim=-1)  # (B * H, T, S)
         if guard:  # a source with no real token: zeros, as the reference gives
             weights = weights.nan_to_num(0.0)

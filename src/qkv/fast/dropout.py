@@ -43,10 +43,9 @@ def dropout(x: Tensor, p: float) -> Tensor:
         return x
     if levels == _LEVELS:
         return x * 0.0
-    scale = _scale(levels)
+    scale = _LEVELS / (_LEVELS - levels)  # 1 / keep probability
     if _hashed_applies(x):
-        out: Tensor = _HashedDropout.apply(x, levels, scale)
-        return out
+        return _HashedDropout.apply(x, levels, scale)
     # One float multiplier per element, 0 or `scale`, written straight into x's dtype.
     kept = torch.ge(_slices(x.shape, x.device), _threshold(p), out=torch.empty_like(x))
     return x * kept.mul_(scale)
@@ -65,16 +64,6 @@ def _threshold(p: float) -> int:
     return dropped_levels(p) - _LEVELS // 2
 
 
-def _scale(levels: int) -> float:
-    """1 / keep probability: what kept elements are multiplied by."""
-    return _LEVELS / (_LEVELS - levels)
-
-
-def _draw_seed() -> Tensor:
-    """A 0-dim int64 seed for the hashed words, drawn from torch's generator."""
-    return torch.empty((), dtype=torch.int64).random_(-(1 << 63), None)
-
-
 def _hashed_applies(x: Tensor) -> bool:
     return (
         x.device.type == "cpu"
@@ -90,7 +79,7 @@ class _HashedDropout(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, levels: int, scale: float) -> Tensor:
-        seed = _draw_seed()
+        seed = torch.empty((), dtype=torch.int64).random_(-(1 << 63), None)  # torch's generator
         ctx.save_for_backward(seed)
         ctx.levels, ctx.scale = levels, scale
         return _hashed(x, seed, levels, scale)
@@ -104,8 +93,7 @@ class _HashedDropout(torch.autograd.Function):
 def _hashed(x: Tensor, seed: Tensor, levels: int, scale: float) -> Tensor:
     kernel = _hashed_kernel()
     assert kernel is not None  # `_hashed_applies` checked
-    out: Tensor = kernel(x.reshape(-1), seed, levels, scale)  # (N,)
-    return out.view(x.shape)
+    return kernel(x.reshape(-1), seed, levels, scale).view(x.shape)  # (N,) -> x's shape
 
 
 @functools.cache

@@ -8,16 +8,10 @@ from typing import Any, TypeVar
 
 import torch
 
+# One stream a device for every warm-up and capture of the package: each new stream gets a
+# cuBLAS workspace that is never freed.
 _STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 T = TypeVar("T")
-
-
-def side_stream(device: torch.device) -> torch.cuda.Stream:
-    """The stream, one per device, of every warm-up and capture of the package: each new
-    stream gets a cuBLAS workspace that is never freed."""
-    if device not in _STREAMS:
-        _STREAMS[device] = torch.cuda.Stream(device)
-    return _STREAMS[device]
 
 
 def record(
@@ -27,7 +21,9 @@ def record(
     every replay overwrites). `compute` first runs `warmups` times eagerly, outside a capture.
     With `pool` (another graph's `pool()`), the graphs share memory: they must replay one at a
     time and keep nothing in the pool between replays."""
-    stream, current = side_stream(device), torch.cuda.current_stream(device)
+    if device not in _STREAMS:
+        _STREAMS[device] = torch.cuda.Stream(device)
+    stream, current = _STREAMS[device], torch.cuda.current_stream(device)
     stream.wait_stream(current)  # after the current stream's earlier work, before its later
     try:
         with torch.cuda.stream(stream), _uncached_autocast():

@@ -4,9 +4,10 @@ its own longest. For cross-attention the keys' `Layout` follows the queries' `Gr
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar, cast
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 import torch
 from torch import Tensor
@@ -16,19 +17,31 @@ from qkv.fast.packing import Packing
 GROUP_COST = 2048  # a group's fixed cost, in score entries (B · T · S) it must save
 MAX_GROUPS = 8
 
+
+class _PerBatch(Protocol):
+    @property
+    def derived(self) -> dict[Any, Any]: ...
+
+
+Holder = TypeVar("Holder", bound=_PerBatch)
+Args = ParamSpec("Args")
 T = TypeVar("T")
 
 
-def derived(store: dict[object, object], make: Callable[[], T], *keys: object) -> T:
-    """`make()` once per `store` (a batch's `Packing.derived` or `Layout.derived`) and `keys`:
-    numbers, strings and dtypes by value, other objects by identity (the entry holds them, so
-    that their ids are not reused)."""
-    key = tuple(k if isinstance(k, int | str | torch.dtype) else id(k) for k in keys)
-    if key not in store:
-        store[key] = (keys, make())
-    held = store[key]
-    assert isinstance(held, tuple)
-    return cast(T, held[1])
+def per_batch(fn: Callable[Concatenate[Holder, Args], T]) -> Callable[Concatenate[Holder, Args], T]:
+    """`fn(batch, *args)` computed once per `batch.derived` (a batch's `Packing`, or a `Layout`)
+    and positional args: numbers, strings and dtypes by value, other objects by identity (the
+    entry holds them, so that their ids are not reused)."""
+
+    @functools.wraps(fn)
+    def once(batch: Holder, *args: Args.args, **kwargs: Args.kwargs) -> T:
+        assert not kwargs, "positional arguments only"
+        key = (fn.__name__, *(a if isinstance(a, int | str | torch.dtype) else id(a) for a in args))
+        if key not in batch.derived:
+            batch.derived[key] = (args, fn(batch, *args, **kwargs))
+        return batch.derived[key][1]
+
+    return once
 
 
 @dataclass(frozen=True)
@@ -55,18 +68,15 @@ class Layout:
     base: Tensor
     span: Tensor
     local: Tensor
-    derived: dict[object, object] = field(default_factory=dict, compare=False, repr=False)
+    derived: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
+    @per_batch
     def index(self, parts: int) -> Tensor:
         """(M · parts,) long: the grid row of each real row's head-parts, in the order of a
         (M, parts, K) view of the rows."""
-
-        def make() -> Tensor:
-            offsets = torch.arange(parts, device=self.base.device)  # (parts,)
-            first = parts * self.base + self.local  # (M,)
-            return (first[:, None] + offsets * self.span[:, None]).view(-1)
-
-        return derived(self.derived, make, "index", parts)
+        offsets = torch.arange(parts, device=self.base.device)  # (parts,)
+        first = parts * self.base + self.local  # (M,)
+        return (first[:, None] + offsets * self.span[:, None]).view(-1)
 
     def block(self, grid: Tensor, group: int, parts: int, heads: int) -> Tensor:
         """grid (parts · heads · total, K) -> group's (parts, heads · B_g, L_g, K) view."""
@@ -77,32 +87,21 @@ class Layout:
         return rows.view(parts, heads * self.sizes[group], self.lengths[group], grid.size(1))
 
 
+@per_batch
 def grouping(rows: Packing) -> Grouping:
-    """The grouping of `rows`' sentences by their lengths (computed once per packing)."""
-
-    def make() -> Grouping:
-        extents = sentence_extents(rows)
-        order = torch.argsort(extents, descending=True, stable=True)  # (B,)
-        return Grouping(order, cut(extents[order].tolist()))
-
-    return derived(rows.derived, make, "grouping")
+    """The grouping of `rows`' sentences by their lengths."""
+    extents = sentence_extents(rows)
+    order = torch.argsort(extents, descending=True, stable=True)  # (B,)
+    return Grouping(order, cut(extents[order].tolist()))
 
 
-def layout(rows: Packing, groups: Grouping) -> Layout:
-    """Where `rows` sit in `groups` (computed once per packing and grouping)."""
-    return derived(rows.derived, lambda: _layout(rows, groups), "layout", groups)
-
-
+@per_batch
 def sentence_extents(rows: Packing) -> Tensor:
     """(B,) long: 1 + the last real position of each sentence, 0 for an empty one."""
-
-    def make() -> Tensor:
-        real = rows.index[: rows.count]  # (M,)
-        sentence, position = real // rows.length, real % rows.length
-        extents = torch.zeros(rows.batch, dtype=torch.long, device=real.device)
-        return extents.scatter_reduce_(0, sentence, position + 1, "amax")
-
-    return derived(rows.derived, make, "extents")
+    real = rows.index[: rows.count]  # (M,)
+    sentence, position = real // rows.length, real % rows.length
+    extents = torch.zeros(rows.batch, dtype=torch.long, device=real.device)
+    return extents.scatter_reduce_(0, sentence, position + 1, "amax")
 
 
 def cut(lengths: list[int]) -> list[tuple[int, int]]:
@@ -136,23 +135,23 @@ def cut(lengths: list[int]) -> list[tuple[int, int]]:
     return bounds
 
 
-def _layout(rows: Packing, groups: Grouping) -> Layout:
+@per_batch
+def layout(rows: Packing, groups: Grouping) -> Layout:
+    """Where `rows` sit in `groups`."""
     extents = sentence_extents(rows)  # (B,)
+    sentences = [groups.order[first:end] for first, end in groups.bounds]  # (B_g,) each
+    sizes = [len(members) for members in sentences]
+    lengths = [max(int(extents[members].max()), 1) for members in sentences]
+    spans = [size * length for size, length in zip(sizes, lengths, strict=True)]
+    starts = [sum(spans[:g]) for g in range(len(spans))]
     # Per sentence: its group's start and span, and the slot of its first position in the group.
     base, span, offset = (torch.empty_like(extents) for _ in range(3))  # (B,) each
-    sizes, lengths, starts, sentences = [], [], [], []
-    start = 0
-    for first, end in groups.bounds:
-        members = groups.order[first:end]  # (B_g,)
-        size, length = end - first, max(int(extents[members].max()), 1)
-        base[members], span[members] = start, size * length
-        offset[members] = torch.arange(size, device=extents.device) * length
-        sizes.append(size)
-        lengths.append(length)
-        starts.append(start)
-        sentences.append(members)
-        start += size * length
+    for members, start, width, length in zip(sentences, starts, spans, lengths, strict=True):
+        base[members], span[members] = start, width
+        offset[members] = torch.arange(len(members), device=extents.device) * length
     real = rows.index[: rows.count]  # (M,)
     sentence, position = real // rows.length, real % rows.length  # (M,) each
     local = offset[sentence] + position
-    return Layout(sizes, lengths, starts, start, sentences, base[sentence], span[sentence], local)
+    return Layout(
+        sizes, lengths, starts, sum(spans), sentences, base[sentence], span[sentence], local
+    )

@@ -28,8 +28,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """x (..., in), weight (out, in), bias (out,) -> x Wᵀ + b (..., out), as `F.linear`."""
     if not applies(x, weight, bias):
         return F.linear(x, weight, bias)
-    out: Tensor = _OneDNNLinear.apply(x, weight, bias)
-    return out
+    return _OneDNNLinear.apply(x, weight, bias)
 
 
 class _OneDNNLinear(torch.autograd.Function):
@@ -37,31 +36,25 @@ class _OneDNNLinear(torch.autograd.Function):
     def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         rows = _padded(x.reshape(-1, x.size(-1)))  # (M', in)
         ctx.save_for_backward(rows, weight)  # the padded rows, for the weight's gradient
-        ctx.has_bias, ctx.shape = bias is not None, x.shape
+        ctx.shape = x.shape
         out = onednn_linear(rows, weight, bias)[: x.numel() // x.size(-1)]  # (M, out)
         return out.view(*x.shape[:-1], weight.size(0))  # (..., out)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        """The gradients asked for, from the product's gradient padded to (M', out) with zeros
+        below the M real rows, and the padded inputs (M', in)."""
         inputs, weight = ctx.saved_tensors  # (M', in), (out, in)
-        padded = _padded(grad.reshape(-1, grad.size(-1)))  # (M', out)
-        return _grads(padded, inputs, weight, ctx)
-
-
-def _grads(
-    grad: Tensor, inputs: Tensor, weight: Tensor, ctx: Any
-) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-    """The gradients of input, weight and bias that `ctx` asks for, from the product's gradient
-    (M', out), zeros below the M real rows, and the padded inputs (M', in)."""
-    grad_x = grad_w = grad_b = None
-    if ctx.needs_input_grad[0]:
-        count = ctx.shape.numel() // ctx.shape[-1]
-        grad_x = onednn_linear(grad, weight.t())[:count].view(ctx.shape)
-    if ctx.needs_input_grad[1]:
-        grad_w = _weight_grad(grad, inputs)  # (out, in)
-    if ctx.has_bias and ctx.needs_input_grad[2]:
-        grad_b = grad.sum(dim=0)  # (out,); the padding rows add zeros
-    return grad_x, grad_w, grad_b
+        grad = _padded(grad.reshape(-1, grad.size(-1)))  # (M', out)
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            count = ctx.shape.numel() // ctx.shape[-1]
+            grad_x = onednn_linear(grad, weight.t())[:count].view(ctx.shape)
+        if ctx.needs_input_grad[1]:
+            grad_w = _weight_grad(grad, inputs)  # (out, in)
+        if ctx.needs_input_grad[2]:  # False without a bias
+            grad_b = grad.sum(dim=0)  # (out,); the padding rows add zeros
+        return grad_x, grad_w, grad_b
 
 
 def _weight_grad(grad: Tensor, inputs: Tensor) -> Tensor:
@@ -88,12 +81,9 @@ def _padded(rows: Tensor) -> Tensor:
     contiguous rows number M' already)."""
     count = len(rows)
     target = padded_rows(count)
-    if target == count and rows.is_contiguous():
-        return rows
-    padded = rows.new_empty(target, rows.size(1))  # (M', k)
-    padded[:count] = rows
-    padded[count:] = 0.0
-    return padded
+    if target == count:
+        return rows.contiguous()
+    return F.pad(rows, (0, 0, 0, target - count))  # (M', k)
 
 
 def onednn_linear(
@@ -102,15 +92,13 @@ def onednn_linear(
     """x (..., k) Wᵀ + b in oneDNN -> (..., n), for weight (n, k) or the blocked weight made by
     `reorder_for_onednn`; `activation` "relu" applies a ReLU as it writes the product. The one
     call of oneDNN's private linear operator: callers check `onednn_available` first."""
-    out: Tensor = torch.ops.mkldnn._linear_pointwise(x, weight, bias, activation, [], "")
-    return out
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, activation, [], "")
 
 
 def reorder_for_onednn(weight: Tensor, rows: int) -> Tensor:
     """weight (n, k) in oneDNN's blocked layout for products of about `rows` rows, for
     `onednn_linear`; oneDNN's private operator, so callers check `onednn_available` first."""
-    out: Tensor = torch.ops.mkldnn._reorder_linear_weight(weight, rows)
-    return out
+    return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
 
 
 def applies(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:

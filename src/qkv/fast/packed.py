@@ -133,18 +133,18 @@ def attention(
         return linear(x, weight[first * width : last * width], part)  # (M, (last - first) D)
 
     if memory is None:
-        queries, keys_values = attn.in_proj(query), None  # (M, 3D)
+        queries, keys_values = attn.in_proj(query), None  # [q; k; v] (M, 3D)
     else:
         queries, keys_values = project(query, 0, 1), project(memory, 1, 3)  # (M, D), (M', 2D)
     if packed_attention_applies(query, dropout_p, longest):
         context = packed_attention(
             queries, keys_values, mask, query_rows, memory_rows, attn.n_heads
-        )  # (M, D)
+        )
         return attn.out_proj(context)  # (M, D)
-    if keys_values is None:  # (B, H, T, K) each
-        q, k, v = attn.split_heads(query_rows.unpack(queries)).chunk(3, dim=1)
+    q = attn.split_heads(query_rows.unpack(queries))  # (B, 3H, T, K), or (B, H, T, K)
+    if keys_values is None:
+        q, k, v = q.chunk(3, dim=1)  # (B, H, T, K) each
     else:
-        q = attn.split_heads(query_rows.unpack(queries))  # (B, H, T, K)
         k, v = attn.split_heads(memory_rows.unpack(keys_values)).chunk(2, dim=1)  # (B, H, S, K)
     context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
     return attn.out_proj(query_rows.pack(attn.merge_heads(context)))  # (M, D)

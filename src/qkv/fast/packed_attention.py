@@ -12,11 +12,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from qkv.fast.grid import Layout, derived, grouping, layout
+from qkv.fast.grid import Layout, grouping, layout, per_batch
 from qkv.fast.packing import Packing
 
 SHORT = 128  # up to this many queries and keys, unfused products are faster on a CPU
 MASKED = -1e9  # added to the scores of masked keys: exp() of it is 0 beside any real score
+
+GroupMasks = list[tuple[Tensor, Tensor | None]]
+Side = tuple[Layout, int]  # a grid's layout and its parts: [q; k; v] 3, or q 1 and [k; v] 2
 
 
 def packed_attention_applies(queries: Tensor, dropout_p: float, longest: int) -> bool:
@@ -43,62 +46,37 @@ def packed_attention(
     `mask` (True = may attend, broadcastable to (B, H, T, S)) must leave out padding keys."""
     groups = grouping(query_rows)
     query_layout = layout(query_rows, groups)
-    key_layout = query_layout if keys_values is None else layout(memory_rows, groups)
-    masks = _group_masks(mask, query_layout, key_layout, heads, queries.dtype)
-    training = torch.is_grad_enabled()  # a backward may follow (off inside `apply`)
-    out: Tensor = _PackedAttention.apply(
-        queries, keys_values, masks, query_layout, key_layout, heads, training
-    )
-    return out
+    sides: list[Side] = [(query_layout, 3)]
+    if keys_values is not None:
+        sides = [(query_layout, 1), (layout(memory_rows, groups), 2)]
+    masks = _group_masks(query_layout, mask, sides[-1][0], heads, queries.dtype)
+    return _PackedAttention.apply(queries, keys_values, masks, sides, heads)
 
 
-GroupMasks = list[tuple[Tensor, Tensor | None]]
-
-
+@per_batch
 def _group_masks(
-    mask: Tensor | None,
-    query_layout: Layout,
-    key_layout: Layout,
-    heads: int,
-    dtype: torch.dtype,
+    query_layout: Layout, mask: Tensor | None, key_layout: Layout, heads: int, dtype: torch.dtype
 ) -> GroupMasks:
-    """Every group's `_group_mask`, made once for all the layers."""
-
-    def make() -> GroupMasks:
-        return [
-            _group_mask(mask, sentences, heads, length, source_length, dtype)
-            for sentences, length, source_length in zip(
-                query_layout.sentences, query_layout.lengths, key_layout.lengths, strict=True
-            )
-        ]
-
-    return derived(query_layout.derived, make, "masks", mask, key_layout, heads, dtype)
-
-
-def _group_mask(
-    mask: Tensor | None,
-    sentences: Tensor,
-    heads: int,
-    length: int,
-    source_length: int,
-    dtype: torch.dtype,
-) -> tuple[Tensor, Tensor | None]:
-    """One group's additive mask (H · B_g, T_g, S_g), heads before sentences, and, where
-    some query may attend to nothing, which ones may attend to something (H · B_g, T_g, 1)."""
-    batch = len(sentences)
-    bias = torch.zeros(heads, batch, length, source_length, dtype=dtype, device=sentences.device)
-    if mask is None:
-        return bias.view(heads * batch, length, source_length), None
-    picked = mask[..., :length, :source_length]
-    if picked.size(0) > 1:
-        picked = picked.index_select(0, sentences)
-    allowed = picked.expand(batch, heads, length, source_length).transpose(0, 1)  # (H, B_g, ·)
-    bias.masked_fill_(~allowed, MASKED)
-    has_keys = None
-    if not bool(picked.any(dim=-1).all()):  # rows with nothing to attend to
-        has_keys = allowed.any(dim=-1, keepdim=True)  # (H, B_g, T_g, 1)
-        has_keys = has_keys.reshape(heads * batch, length, 1).to(dtype)  # (H · B_g, T_g, 1)
-    return bias.view(heads * batch, length, source_length), has_keys
+    """Each group's additive mask (H · B_g, T_g, S_g), heads before sentences, and, where some
+    query may attend to nothing, which ones may attend to something (H · B_g, T_g, 1); made
+    once for all the layers."""
+    masks: GroupMasks = []
+    groups = zip(query_layout.sentences, query_layout.lengths, key_layout.lengths, strict=True)
+    for sentences, length, source_length in groups:
+        batch = len(sentences)
+        bias = sentences.new_zeros((heads, batch, length, source_length), dtype=dtype)
+        has_keys = None
+        if mask is not None:
+            picked = mask[..., :length, :source_length]
+            if picked.size(0) > 1:
+                picked = picked.index_select(0, sentences)
+            allowed = picked.expand(batch, heads, length, source_length).transpose(0, 1)
+            bias.masked_fill_(~allowed, MASKED)  # (H, B_g, T_g, S_g)
+            if not bool(picked.any(dim=-1).all()):  # rows with nothing to attend to
+                has_keys = allowed.any(dim=-1, keepdim=True)  # (H, B_g, T_g, 1)
+                has_keys = has_keys.reshape(heads * batch, length, 1).to(dtype)
+        masks.append((bias.view(heads * batch, length, source_length), has_keys))
+    return masks
 
 
 class _PackedAttention(torch.autograd.Function):
@@ -108,24 +86,19 @@ class _PackedAttention(torch.autograd.Function):
         queries: Tensor,
         keys_values: Tensor | None,
         masks: GroupMasks,
-        query_layout: Layout,
-        key_layout: Layout,
+        sides: list[Side],
         heads: int,
-        training: bool,
     ) -> Tensor:
-        if keys_values is None:
-            grids = [_to_grid(queries, query_layout, 3 * heads)]  # [q; k; v]
-        else:
-            grids = [
-                _to_grid(queries, query_layout, heads),
-                _to_grid(keys_values, key_layout, 2 * heads),  # [k; v]
-            ]
-        head_dim = grids[0].size(1)
+        inputs = [x for x in (queries, keys_values) if x is not None]
+        grids = [
+            _to_grid(x, side[0], side[1] * heads) for x, side in zip(inputs, sides, strict=True)
+        ]
+        query_layout, head_dim = sides[0][0], grids[0].size(1)
         scale = 1.0 / math.sqrt(head_dim)
         context = queries.new_empty(heads * query_layout.total, head_dim)  # every slot written
         weights = []
         for g, (bias, has_keys) in enumerate(masks):
-            q, k, v = _group(grids, query_layout, key_layout, g, heads)  # (H · B_g, ·, K)
+            q, k, v = _group(grids, sides, g, heads)  # (H · B_g, ·, K)
             scores = torch.baddbmm(bias, q, k.transpose(1, 2), alpha=scale)  # (HB_g, T_g, S_g)
             weights_g = torch.softmax(scores, dim=-1)  # (HB_g, T_g, S_g)
             if has_keys is not None:
@@ -133,50 +106,43 @@ class _PackedAttention(torch.autograd.Function):
             torch.bmm(weights_g, v, out=query_layout.block(context, g, 1, heads)[0])
             weights.append(weights_g)
         ctx.save_for_backward(*grids, *weights)
-        ctx.layout = (query_layout, key_layout, heads, scale, len(grids))
-        ctx.rows = (len(queries), 0 if keys_values is None else len(keys_values))
+        ctx.sides, ctx.heads, ctx.scale = sides, heads, scale
+        ctx.rows = [len(x) for x in inputs]
         return _from_grid(context, query_layout, len(queries), heads)  # (M'_q, D)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        query_layout, key_layout, heads, scale, n_grids = ctx.layout
-        query_count, memory_count = ctx.rows
-        grids, weights = ctx.saved_tensors[:n_grids], ctx.saved_tensors[n_grids:]
+        sides, heads = ctx.sides, ctx.heads
+        grids, weights = ctx.saved_tensors[: len(sides)], ctx.saved_tensors[len(sides) :]
+        query_layout = sides[0][0]
         grad_context = _to_grid(grad, query_layout, heads)
         grads = [torch.empty_like(grid) for grid in grids]  # every slot written below
         for g, weights_g in enumerate(weights):  # (H · B_g, T_g, S_g)
-            q, k, v = _group(grids, query_layout, key_layout, g, heads)
-            grad_q, grad_k, grad_v = _group(grads, query_layout, key_layout, g, heads)
+            q, k, v = _group(grids, sides, g, heads)
+            grad_q, grad_k, grad_v = _group(grads, sides, g, heads)
             grad_context_g = query_layout.block(grad_context, g, 1, heads)[0]  # (HB_g, T_g, K)
             torch.bmm(weights_g.transpose(1, 2), grad_context_g, out=grad_v)  # (HB_g, S_g, K)
             grad_weights = torch.bmm(grad_context_g, v.transpose(1, 2))  # (HB_g, T_g, S_g)
-            grad_scores = _softmax_grad(grad_weights, weights_g, scale)  # (HB_g, T_g, S_g)
+            grad_scores = _softmax_grad(grad_weights, weights_g, ctx.scale)  # (HB_g, T_g, S_g)
             torch.bmm(grad_scores, k, out=grad_q)  # (HB_g, T_g, K)
             torch.bmm(grad_scores.transpose(1, 2), q, out=grad_k)  # (HB_g, S_g, K)
-        grad_in: tuple[Tensor | None, ...]
-        if n_grids == 1:
-            grad_in = _from_grid(grads[0], query_layout, query_count, 3 * heads), None
-        else:
-            grad_in = (
-                _from_grid(grads[0], query_layout, query_count, heads),
-                _from_grid(grads[1], key_layout, memory_count, 2 * heads),
-            )
-        return *grad_in, None, None, None, None, None
+        grad_in = [
+            _from_grid(grad_grid, layout, rows, parts * heads)
+            for grad_grid, (layout, parts), rows in zip(grads, sides, ctx.rows, strict=True)
+        ]
+        return *grad_in, *[None] * (5 - len(grad_in))  # None for keys_values in self-attention
 
 
 def _group(
-    grids: list[Tensor] | tuple[Tensor, ...],
-    query_layout: Layout,
-    key_layout: Layout,
-    group: int,
-    heads: int,
+    grids: list[Tensor] | tuple[Tensor, ...], sides: list[Side], group: int, heads: int
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """q (H · B_g, T_g, K), k and v (H · B_g, S_g, K): views of one group's block."""
-    if len(grids) == 1:
-        q, k, v = query_layout.block(grids[0], group, 3, heads).unbind(0)
-        return q, k, v
-    k, v = key_layout.block(grids[1], group, 2, heads).unbind(0)
-    return query_layout.block(grids[0], group, 1, heads)[0], k, v
+    """q (H · B_g, T_g, K), k and v (H · B_g, S_g, K): views of one group's blocks."""
+    q, k, v = (
+        part
+        for grid, (layout, parts) in zip(grids, sides, strict=True)
+        for part in layout.block(grid, group, parts, heads).unbind(0)
+    )
+    return q, k, v
 
 
 def _to_grid(rows: Tensor, layout: Layout, parts: int) -> Tensor:

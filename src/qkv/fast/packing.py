@@ -5,6 +5,7 @@ the linear layers multiply uncopied (`padded_rows`), the fillers copies of the f
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -21,7 +22,7 @@ class Packing:
     length: int  # L
     count: int  # M, the real tokens
     # computed once per batch for all its layers (attention's layouts, `qkv.fast.grid`)
-    derived: dict[object, object] = field(default_factory=dict, compare=False, repr=False)
+    derived: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_mask(cls, real: Tensor, round_rows: bool = False) -> Packing:

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from qkv.data.special import BOS_ID, EOS_ID
 from qkv.errors import ConfigError
-from qkv.inference.search import IncrementalDecoder, check_lengths, rows_to_keep
+from qkv.inference.search import IncrementalDecoder, block_columns, check_lengths, rows_to_keep
 
 
 @dataclass
@@ -57,7 +57,7 @@ def beam_search(
     if beam_size < 1:
         raise ConfigError(f"beam_size must be >= 1, got {beam_size}")
     check_lengths(batch_size, max_lengths)
-    finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
+    finished = [[Hypothesis([], 0.0, 0.0)] if n <= 0 else [] for n in max_lengths.tolist()]
     device = max_lengths.device
     state = BeamState(  # one empty beam per sentence, with log-probability 0
         sentences=torch.arange(batch_size, device=device),  # (B,)
@@ -65,8 +65,6 @@ def beam_search(
         tokens=torch.zeros(batch_size, 1, 0, dtype=torch.long, device=device),  # (B, 1, 0)
         max_lengths=max_lengths,  # (B,)
     )
-    for sentence in (max_lengths <= 0).nonzero().squeeze(1).tolist():
-        finished[sentence].append(Hypothesis([], 0.0, 0.0))
     live = max_lengths > 0  # (B,)
     if not bool(live.all()):
         kept = rows_to_keep(live)  # (B',)
@@ -107,11 +105,7 @@ def _keep(state: BeamState, live: Tensor) -> BeamState:
 
 
 def _advance(
-    state: BeamState,
-    logits: Tensor,
-    beam_size: int,
-    alpha: float,
-    finished: list[list[Hypothesis]],
+    state: BeamState, logits: Tensor, beam_size: int, alpha: float, finished: list[list[Hypothesis]]
 ) -> tuple[BeamState, Tensor]:
     """One beam step over logits (B' * w, V), w = 1 at the first step: extend, finalise into
     `finished`, prune. Returns the beams of the sentences not yet done and the decoder rows
@@ -131,14 +125,17 @@ def _advance(
 
     # Finalise EOS candidates ranked among the W best, then every beam of sentences at their limit.
     eos_scores = top_scores[:, :beam_size]  # (B', W)
-    ending = is_eos[:, :beam_size] & eos_scores.isfinite()  # (B', W)
     eos_prefixes = _gather_beams(state.tokens, top_beams[:, :beam_size])  # (B', W, T)
-    _finalise(state.sentences, ending, eos_prefixes, eos_scores, length + 1, alpha, finished)
     at_limit = state.max_lengths <= length + 1  # (B',)
-    at_limit_beams = at_limit[:, None] & next_scores.isfinite()  # (B', W)
-    _finalise(
-        state.sentences, at_limit_beams, next_tokens, next_scores, length + 1, alpha, finished
-    )
+    penalty = length_penalty(length + 1, alpha)  # the length counts EOS
+    for picked, tokens, log_probs in (
+        (is_eos[:, :beam_size] & eos_scores.isfinite(), eos_prefixes, eos_scores),
+        (at_limit[:, None] & next_scores.isfinite(), next_tokens, next_scores),
+    ):  # picked (B', W) bool; the tokens of each beam, without EOS (B', W, L)
+        owners = state.sentences[:, None].expand_as(picked)[picked].tolist()  # (M,)
+        ends = zip(owners, tokens[picked].tolist(), log_probs[picked].tolist(), strict=True)
+        for sentence, hyp_tokens, log_prob in ends:
+            finished[sentence].append(Hypothesis(hyp_tokens, log_prob / penalty, log_prob))
 
     counts = [len(finished[sentence]) for sentence in state.sentences.tolist()]
     full = torch.tensor(counts, device=at_limit.device) >= beam_size  # (B',)
@@ -173,15 +170,9 @@ def topk_by_blocks(values: Tensor, k: int, block: int = 64) -> tuple[Tensor, Ten
     rows, length = values.shape
     blocks = length // block
     if values.device.type != "cpu" or blocks <= 2 * k:  # too few blocks to save work
-        top_values, top_index = values.topk(k, dim=1)
-        return top_values, top_index
-    whole = blocks * block
-    maxima = values[:, :whole].view(rows, blocks, block).amax(dim=2)  # (R, blocks)
-    best_blocks = maxima.topk(k, dim=1).indices  # (R, k)
-    offsets = torch.arange(block, device=values.device)  # (block,)
-    columns = (best_blocks[:, :, None] * block + offsets).view(rows, k * block)  # (R, k * block)
-    tail = torch.arange(whole, length, device=values.device).expand(rows, -1)  # (R, L - whole)
-    columns = torch.cat([columns, tail], dim=1)  # (R, C)
+        return values.topk(k, dim=1)
+    maxima = values[:, : blocks * block].view(rows, blocks, block).amax(dim=2)  # (R, blocks)
+    columns = block_columns(values, maxima.topk(k, dim=1).indices, block)  # (R, C)
     top_values, picked = values.gather(1, columns).topk(k, dim=1)  # (R, k)
     return top_values, columns.gather(1, picked)
 
@@ -205,21 +196,3 @@ def _parents_in_place(parents: Tensor) -> Tensor:
 def _gather_beams(tokens: Tensor, beams: Tensor) -> Tensor:
     """Pick, for each sentence, the token histories (B', w, T) of its beams (B', W) long."""
     return tokens.gather(1, beams[..., None].expand(-1, -1, tokens.size(2)))  # (B', W, T)
-
-
-def _finalise(
-    sentences: Tensor,
-    mask: Tensor,
-    tokens: Tensor,
-    log_probs: Tensor,
-    steps: int,
-    alpha: float,
-    finished: list[list[Hypothesis]],
-) -> None:
-    """Append the beams picked by mask (B', W) bool, their tokens (B', W, L) without EOS, to
-    their sentence's finished hypotheses; `steps` counts EOS (the length for the penalty)."""
-    penalty = length_penalty(steps, alpha)
-    owners = sentences[:, None].expand_as(mask)[mask].tolist()  # (M,)
-    picked = zip(owners, tokens[mask].tolist(), log_probs[mask].tolist(), strict=True)
-    for sentence, hyp_tokens, log_prob in picked:
-        finished[sentence].append(Hypothesis(hyp_tokens, log_prob / penalty, log_prob))

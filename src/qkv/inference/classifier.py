@@ -74,8 +74,5 @@ class Classifier:
 
     def predict(self, texts: list[str]) -> list[tuple[str, float]]:
         """The most likely label of each text and its probability."""
-        probs = self.probabilities(texts)
-        best = probs.max(dim=-1)
-        return [
-            (self.labels[int(i)], float(p)) for p, i in zip(best.values, best.indices, strict=True)
-        ]
+        best, labels = self.probabilities(texts).max(dim=-1)  # (N,), (N,)
+        return [(self.labels[i], p) for p, i in zip(best.tolist(), labels.tolist(), strict=True)]

@@ -10,7 +10,7 @@ Shapes: B batch, N rows in use, R rows in all, V vocabulary, H heads, K head siz
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import cast
 
 import torch
@@ -48,13 +48,10 @@ class StaticDecoderCache:
     self_attn: list[StaticKVCache]
     cross_keys: list[Tensor]
     cross_values: list[Tensor]
-    src_mask: Tensor
-    position: Tensor
+    src_mask: Tensor  # (R, 1, 1, S)
+    position: Tensor  # (1,) long, the step being decoded
+    steps: Tensor  # (T_max,) 0, 1, ..., made once
     length: int = 0
-    steps: Tensor = field(init=False, repr=False)  # (T_max,) 0, 1, ..., made once
-
-    def __post_init__(self) -> None:
-        self.steps = torch.arange(self.capacity, device=self.position.device)
 
     @property
     def capacity(self) -> int:
@@ -63,10 +60,6 @@ class StaticDecoderCache:
     @property
     def rows(self) -> int:
         return self.src_mask.size(0)
-
-    def self_mask(self) -> Tensor:
-        """(1, 1, 1, T_max) bool: the positions written so far, this step's included."""
-        return (self.steps <= self.position).view(1, 1, 1, -1)
 
     def select(self, rows: Tensor) -> None:
         """Keep and reorder rows: new row i = old row rows[i] (rows (N',) long, N' <= R)."""
@@ -92,8 +85,8 @@ def init_static_cache(
         raise ValueError(f"a static cache needs rows >= batch, got {rows} < {batch}")
     if max_len > c.max_len:
         raise ValueError(f"{max_len} decoding steps exceed the model's max_len ({c.max_len})")
-    fill = torch.cat([torch.arange(batch), torch.zeros(rows - batch, dtype=torch.long)])
-    fill = fill.to(device)  # (R,) the source of each row
+    fill = torch.arange(rows, device=device)  # (R,) the source of each row
+    fill[batch:] = 0
     position = torch.zeros(1, dtype=torch.long, device=device)  # (1,)
     layers = cast(Iterable[DecoderLayer], model.decoder.layers)
     cross = [layer.cross_attn.project_kv(memory) for layer in layers]  # (B, H, S, K) each
@@ -104,6 +97,7 @@ def init_static_cache(
         cross_values=[v.contiguous()[fill] for _, v in cross],  # (R, H, S, K)
         src_mask=src_mask[fill],  # (R, 1, 1, S)
         position=position,
+        steps=torch.arange(max_len, device=device),  # (T_max,)
     )
 
 
@@ -113,7 +107,7 @@ def static_step(model: Seq2SeqTransformer, tokens: Tensor, cache: StaticDecoderC
     decoder, embeddings = model.decoder, model.decoder.embeddings
     position = embeddings.positions(cache.capacity).index_select(0, cache.position)  # (1, D)
     x = embeddings.dropout(embeddings.token(tokens[:, None]) + position)  # (R, 1, D)
-    self_mask = cache.self_mask()  # (1, 1, 1, T_max)
+    self_mask = (cache.steps <= cache.position).view(1, 1, 1, -1)  # (1, 1, 1, T_max) written
     layers = zip(decoder.layers, cache.self_attn, cache.cross_keys, cache.cross_values, strict=True)
     for layer, grown, keys, values in layers:
         x, _, _ = layer(x, x, self_mask, cache.src_mask, cache=(grown, SourceKV(keys, values)))

@@ -28,12 +28,10 @@ class DecodingWeights:
     def frozen(self) -> tuple[Seq2SeqTransformer, OutputLayer]:
         """The model with its decoder frozen and the frozen output layer."""
         with self._making:
-            if self._made is None:
-                if fast.applied(self.model):
-                    made = frozen_for_decoding(self.model), OutputLayer(self.model.output)
-                else:
-                    made = self.model, OutputLayer(self.model.output, fast=False)
-                self._made = made
+            if self._made is None and fast.applied(self.model):
+                self._made = frozen_for_decoding(self.model), OutputLayer(self.model.output)
+            elif self._made is None:
+                self._made = self.model, OutputLayer(self.model.output, fast=False)
             return self._made
 
 

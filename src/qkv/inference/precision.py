@@ -16,13 +16,6 @@ from qkv.fast.frozen_linear import cpu_bf16_matmuls
 from qkv.model.seq2seq import Seq2SeqTransformer
 
 
-def native_bf16(device: torch.device) -> bool:
-    """Whether `device` multiplies bf16 matrices natively."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    return device.type == "cpu" and cpu_bf16_matmuls()
-
-
 def decoding_model(
     model: Seq2SeqTransformer, bf16: bool, device: torch.device
 ) -> Seq2SeqTransformer:
@@ -30,13 +23,12 @@ def decoding_model(
     on a GPU without bf16, a warning on a CPU without native bf16 (slower than float32)."""
     if not bf16:
         return model
-    if not native_bf16(device):
-        if device.type == "cuda":
-            raise ConfigError("bf16 decoding needs a GPU that supports bfloat16; this one does not")
-        if device.type == "cpu":
-            warnings.warn(
-                "this CPU has no native bfloat16 matrix instructions (AVX512-BF16 or AMX): "
-                "bf16 decoding will be slower than float32",
-                stacklevel=2,
-            )
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ConfigError("bf16 decoding needs a GPU that supports bfloat16; this one does not")
+    if device.type == "cpu" and not cpu_bf16_matmuls():
+        warnings.warn(
+            "this CPU has no native bfloat16 matrix instructions (AVX512-BF16 or AMX): "
+            "bf16 decoding will be slower than float32",
+            stacklevel=2,
+        )
     return copy.deepcopy(model).to(torch.bfloat16)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -17,7 +17,9 @@ from qkv.errors import ConfigError
 
 class IncrementalDecoder(Protocol):
     """A decoder holding its own state (KV cache, memory, source mask) for N rows; it starts
-    with N = B rows, one per source sentence, before any token is fed."""
+    with N = B rows, one per source sentence, before any token is fed. One that finds the
+    argmax of its logits faster than the logits also has `step_argmax(tokens)`, tokens (N,)
+    -> `step(tokens).argmax(-1)` (N,) long, which greedy search then takes."""
 
     def step(self, tokens: Tensor) -> Tensor:
         """tokens (N,) long, the last of every live row -> next-token logits (N, V)."""
@@ -27,25 +29,13 @@ class IncrementalDecoder(Protocol):
         hint: how many tokens fed (BOS first) place i shares with old row rows[i]."""
 
 
-@runtime_checkable
-class ArgmaxDecoder(IncrementalDecoder, Protocol):
-    """A decoder that finds the argmax of its next-token logits faster than the logits."""
-
-    def step_argmax(self, tokens: Tensor) -> Tensor:
-        """tokens (N,) long -> `step(tokens).argmax(-1)` (N,) long."""
-
-
 def greedy_search(
-    decoder: IncrementalDecoder,
-    batch_size: int,
-    max_lengths: Tensor,
+    decoder: IncrementalDecoder, batch_size: int, max_lengths: Tensor
 ) -> list[list[int]]:
     """B lists of token ids (no BOS, EOS), always the most probable next token; `max_lengths`
     (B,) long, on the decoder's device: each sentence's budget of tokens, EOS included."""
-    step_argmax: Callable[[Tensor], Tensor] = (
-        decoder.step_argmax
-        if isinstance(decoder, ArgmaxDecoder)
-        else lambda tokens: first_argmax(decoder.step(tokens))
+    step_argmax: Callable[[Tensor], Tensor] = getattr(decoder, "step_argmax", None) or (
+        lambda tokens: first_argmax(decoder.step(tokens))
     )  # tokens (N,) -> next tokens (N,)
     return _decode_paths(decoder, batch_size, max_lengths, lambda tokens, _: step_argmax(tokens))
 
@@ -70,10 +60,12 @@ def sample(
     check_sampling(temperature, top_k, top_p)
     check_lengths(batch_size, max_lengths)
     if seeds is None:
-        seeds = torch.randint(2**62, (batch_size,), generator=_on_cpu(generator)).tolist()
+        if generator is not None and generator.device.type != "cpu":  # seeds a CPU generator
+            seed = torch.randint(2**62, (1,), generator=generator, device=generator.device)
+            generator = torch.Generator().manual_seed(int(seed))
+        seeds = torch.randint(2**62, (batch_size,), generator=generator).tolist()
     elif len(seeds) != batch_size:
         raise ValueError(f"seeds must hold {batch_size} seeds, one per sentence, got {len(seeds)}")
-    device = max_lengths.device
     # Drawn on the CPU whatever the device: on a GPU each row's draw would be a launch of its own.
     streams = [torch.Generator().manual_seed(int(seed)) for seed in seeds]
     never: Tensor | None = None  # (k,) ids that are not words
@@ -84,14 +76,14 @@ def sample(
         if never is None:
             ids = [i for i in (PAD_ID, BOS_ID) if i < logits.size(-1)]
             never = torch.tensor(ids, dtype=torch.long, device=logits.device)
-        words = logits.index_fill(-1, never, float("-inf"))  # (N, V)
+        words = logits.index_fill(-1, never, -math.inf)  # (N, V)
         # The best shifted to 0 before dividing: a tiny temperature sends the rest to -inf,
         # not the best to +inf (a NaN softmax); it is raised to the dtype's smallest normal.
         lowest = max(temperature, torch.finfo(words.dtype).tiny)
         scaled = (words - words.amax(dim=-1, keepdim=True)) / lowest  # (N, V)
         cdf = filter_logits(scaled, top_k, top_p).softmax(dim=-1).cumsum(dim=-1)  # (N, V)
         draws = [torch.rand(1, generator=streams[s]) for s in sentences.tolist()]
-        uniform = torch.cat(draws).to(device)  # (N,) in [0, 1), one from each row's stream
+        uniform = torch.cat(draws).to(logits.device)  # (N,) in [0, 1), one per row's stream
         # The first token whose cumulative probability reaches a point in (0, total]: never
         # one of probability 0.
         point = ((1.0 - uniform) * cdf[:, -1]).to(cdf.dtype).unsqueeze(1)  # (N, 1)
@@ -100,33 +92,23 @@ def sample(
     return _decode_paths(decoder, batch_size, max_lengths, draw)
 
 
-def _on_cpu(generator: torch.Generator | None) -> torch.Generator | None:
-    """`generator` if it draws on the CPU, else a CPU generator seeded from it."""
-    if generator is None or generator.device.type == "cpu":
-        return generator
-    seed = int(torch.randint(2**62, (1,), generator=generator, device=generator.device))
-    return torch.Generator().manual_seed(seed)
-
-
 def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
     """logits (N, V) -> a copy with -inf outside the top-k (0 keeps all) and outside the
     nucleus: the smallest set of most probable tokens (after top-k) of mass >= top_p in (0, 1].
     """
-    _check_filters(top_k, top_p)
-    vocab_size = logits.size(-1)
-    if 0 < top_k < vocab_size:
+    check_sampling(1.0, top_k, top_p)
+    if 0 < top_k < logits.size(-1):
         kept = logits.topk(top_k, dim=-1).indices  # (N, k)
         keep = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, kept, True)  # (N, V)
-        logits = logits.masked_fill(~keep, float("-inf"))  # (N, V)
+        logits = logits.masked_fill(~keep, -math.inf)  # (N, V)
     if top_p < 1.0:
         sorted_logits, order = logits.sort(dim=-1, descending=True)  # (N, V), (N, V)
         probs = sorted_logits.softmax(dim=-1)  # (N, V)
-        mass_before = probs.cumsum(dim=-1) - probs  # (N, V)
         # A token is dropped once the more probable ones already reach p.
-        drop_sorted = mass_before >= top_p  # (N, V)
+        drop_sorted = probs.cumsum(dim=-1) - probs >= top_p  # (N, V)
         drop_sorted[..., 0] = False
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)  # (N, V)
-        logits = logits.masked_fill(drop, float("-inf"))  # (N, V)
+        logits = logits.masked_fill(drop, -math.inf)  # (N, V)
     return logits
 
 
@@ -144,10 +126,6 @@ def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
     """Raise ConfigError unless 0 < temperature < inf, top_k >= 0 and 0 < top_p <= 1."""
     if not 0 < temperature < math.inf:  # NaN fails too
         raise ConfigError(f"temperature must be a number > 0, got {temperature}")
-    _check_filters(top_k, top_p)
-
-
-def _check_filters(top_k: int, top_p: float) -> None:
     if top_k < 0:
         raise ConfigError(f"top_k must be >= 0, got {top_k}")
     if not 0.0 < top_p <= 1.0:
@@ -163,23 +141,27 @@ def check_lengths(batch_size: int, max_lengths: Tensor) -> None:
         raise ValueError(f"max_lengths must have shape ({batch_size},), got {shape}")
 
 
-def first_argmax(logits: Tensor, chunk: int = 64) -> Tensor:
+def first_argmax(logits: Tensor, block: int = 64) -> Tensor:
     """`logits.argmax(dim=-1)` (N,) long, NaN rows included; faster on a CPU, where `argmax` is
-    much slower than `amax`: it looks only at the chunks' maxima and inside the best chunk."""
+    much slower than `amax`: it looks only at the blocks' maxima and inside the best block."""
     rows, vocab_size = logits.shape
-    whole = vocab_size // chunk * chunk
-    if logits.device.type != "cpu" or whole < 16 * chunk:
+    whole = vocab_size // block * block
+    if logits.device.type != "cpu" or whole < 16 * block:
         return logits.argmax(dim=-1)  # (N,)
-    maxima = logits[:, :whole].reshape(rows, whole // chunk, chunk).amax(dim=-1)  # (N, V // c)
-    best_chunk = maxima.argmax(dim=-1, keepdim=True)  # (N, 1)
-    columns = best_chunk * chunk + torch.arange(chunk, device=logits.device)  # (N, c)
-    inside = logits.gather(1, columns).argmax(dim=-1, keepdim=True)  # (N, 1)
-    found = columns.gather(1, inside).squeeze(1)  # (N,)
-    if whole < vocab_size:
-        tail_best, tail_at = logits[:, whole:].max(dim=-1)  # (N,), (N,)
-        chunk_best = maxima.gather(1, best_chunk).squeeze(1)  # (N,)
-        found = torch.where(tail_best > chunk_best, whole + tail_at, found)  # (N,)
-    return found
+    maxima = logits[:, :whole].reshape(rows, whole // block, block).amax(dim=-1)  # (N, V // block)
+    columns = block_columns(logits, maxima.argmax(dim=-1, keepdim=True), block)  # (N, C)
+    inside = logits.gather(1, columns).argmax(dim=-1, keepdim=True)  # (N, 1) the first best
+    return columns.gather(1, inside).squeeze(1)  # (N,)
+
+
+def block_columns(values: Tensor, blocks: Tensor, block: int) -> Tensor:
+    """values (R, L), blocks (R, k) long, indices of `block`-wide blocks -> the columns
+    (R, C), in order, of those blocks and of the tail that fills no block."""
+    rows, length = values.shape
+    offsets = torch.arange(block, device=values.device)  # (block,)
+    columns = (blocks[:, :, None] * block + offsets).flatten(1)  # (R, k * block)
+    tail = torch.arange(length // block * block, length, device=values.device)  # (L % block,)
+    return torch.cat([columns, tail.expand(rows, -1)], dim=1)  # (R, C)
 
 
 def _decode_paths(
@@ -197,26 +179,20 @@ def _decode_paths(
     generated = torch.full((batch_size, longest + 1), EOS_ID, dtype=torch.long, device=device)
     sentences = torch.arange(batch_size, device=device)  # (N,) sentence of each decoder row
     tokens = torch.full((batch_size,), BOS_ID, dtype=torch.long, device=device)  # (N,)
-    budgets = max_lengths  # (N,) each row's
-    step, spent = 0, -1  # spent: the first step at which a row's budget runs out (-1: unknown)
+    budgets, step = max_lengths, 0  # (N,) each row's
     finished = budgets <= 0  # (N,) nothing to decode at all
     while True:
         if bool(finished.any()):  # those rows leave the batch
             kept = rows_to_keep(~finished)  # (N',)
             sentences, tokens, budgets = sentences[kept], tokens[kept], budgets[kept]  # (N',)
-            spent = -1
             if sentences.numel() > 0:
                 decoder.select(kept)
         if sentences.numel() == 0:
             break
-        if spent < 0:
-            spent = int(budgets.min())
         tokens = next_tokens(tokens, sentences)  # (N,)
+        generated[sentences, step] = tokens  # (N,)
         step += 1
-        generated[sentences, step - 1] = tokens  # (N,)
-        finished = tokens == EOS_ID  # (N,)
-        if step >= spent:
-            finished |= budgets <= step  # (N,)
+        finished = (tokens == EOS_ID) | (budgets <= step)  # (N,)
 
     lengths = (generated == EOS_ID).byte().argmax(dim=1)  # (B,) the first EOS of each
     return [row[:length] for row, length in zip(generated.tolist(), lengths.tolist(), strict=True)]

@@ -113,45 +113,36 @@ def translate_hypotheses(
     if n_best > (1 if options.sampling else options.beam_size):
         raise ConfigError(f"n_best ({n_best}) exceeds the beam size ({options.beam_size})")
     # Checked on the host: on a GPU an id out of range would leave the CUDA context unusable.
+    vocab_size = model.config.vocab_size
     for number, sentence in enumerate(sources):
-        for token in sentence:
-            if not 0 <= token < model.config.vocab_size:
-                raise ValueError(
-                    f"sources[{number}] holds token id {token}, outside the vocabulary "
-                    f"[0, {model.config.vocab_size})"
-                )
+        if (token := next((t for t in sentence if not 0 <= t < vocab_size), None)) is not None:
+            message = f"holds token id {token}, outside the vocabulary [0, {vocab_size})"
+            raise ValueError(f"sources[{number}] {message}")
     was_training = model.training
     try:
         decoding = decoding_model(model.eval(), options.bf16, device)
-        out: list[list[Found]] = [[([], 0.0)] for _ in sources]
-        todo = [i for i, s in enumerate(sources) if s]
-        lengths = [len(sources[i]) for i in todo]
-        budget = max(options.max_tokens // options.beam_size, 1)
-        batches = [
-            [todo[i] for i in batch]
-            for batch in token_budget_batches(lengths, budget, shuffle=False, seed=0, epoch=0)
-        ]
         if weights is None or decoding is not model:  # a bf16 copy: weights of its own
             weights = DecodingWeights(decoding)  # made at the first batch, shared by the workers
-        seeds = torch.randint(
-            2**62, (len(sources),), generator=torch.Generator().manual_seed(options.seed)
-        ).tolist()  # one per sentence
+        beams, width = options.beam_size, 1 if options.sampling else options.beam_size
+        todo = [i for i, s in enumerate(sources) if s]
+        lengths, budget = [len(sources[i]) for i in todo], max(options.max_tokens // beams, 1)
+        batched = token_budget_batches(lengths, budget, shuffle=False, seed=0, epoch=0)
+        batches = [[todo[i] for i in batch] for batch in batched]
+        generator = torch.Generator().manual_seed(options.seed)
+        seeds = torch.randint(2**62, (len(sources),), generator=generator).tolist()  # per sentence
 
         def decode(index: int) -> list[list[Found]]:
             rows = batches[index]
             src = torch.from_numpy(pad_rows([sources[r] for r in rows])).to(device)  # (B, S)
             row_seeds = [seeds[r] for r in rows]
-            found = _decode_batch(decoding, src, options, row_seeds, weights, n_best)
-            if scored and (options.sampling or options.beam_size == 1):
-                return _scored(decoding, src, found, options)
-            return found
+            return _decode_batch(decoding, src, options, row_seeds, weights, n_best, scored)
 
-        width = 1 if options.sampling else options.beam_size
+        out: list[list[Found]] = [[([], 0.0)] for _ in sources]
         workers = auto_workers(options.workers, device, width)
-        found_batches = map_in_workers(decode, len(batches), workers)
-        disable = None if progress else True
+        done = zip(batches, map_in_workers(decode, len(batches), workers), strict=True)
+        disable = None if progress else True  # None: a bar where stderr is a terminal
         with tqdm(total=len(todo), unit="sent", disable=disable, leave=False) as bar:
-            for rows, found in zip(batches, found_batches, strict=True):
+            for rows, found in done:
                 for r, hypotheses in zip(rows, found, strict=True):
                     out[r] = hypotheses
                 bar.update(len(rows))
@@ -170,37 +161,6 @@ def budgets(src_lengths: Tensor, options: DecodeOptions, max_len: int) -> Tensor
     return found.clamp(0, limit).long()
 
 
-def _budgets(model: Seq2SeqTransformer, src: Tensor, options: DecodeOptions) -> Tensor:
-    """Padded sources (B, S) -> their budgets (B,) long."""
-    return budgets((src != PAD_ID).sum(1), options, model.config.max_len)
-
-
-@torch.no_grad()
-def _scored(
-    model: Seq2SeqTransformer, src: Tensor, found: list[list[Found]], options: DecodeOptions
-) -> list[list[Found]]:
-    """Greedy or sampled outputs with their log-probability under the model (EOS included when
-    the output ended before its budget), from one more pass over source and output."""
-    outputs = [hypotheses[0][0] for hypotheses in found]
-    budgets = _budgets(model, src, options).tolist()
-    golds = [
-        [*out, EOS_ID] if len(out) < budget else out
-        for out, budget in zip(outputs, budgets, strict=True)
-    ]
-    width = max(max(len(g) for g in golds), 1)
-    tgt_in = torch.full((len(golds), width), PAD_ID, dtype=torch.long)  # (B, T)
-    gold = torch.full((len(golds), width), PAD_ID, dtype=torch.long)  # (B, T)
-    for i, g in enumerate(golds):
-        tgt_in[i, : len(g)] = torch.tensor([BOS_ID, *g[:-1]] if g else [], dtype=torch.long)
-        gold[i, : len(g)] = torch.tensor(g, dtype=torch.long)
-    logits = model(src, tgt_in.to(src.device)).float()  # (B, T, V)
-    picked = logits.log_softmax(-1).gather(-1, gold.to(src.device)[..., None])[..., 0]  # (B, T)
-    picked = picked.masked_fill(gold.to(src.device) == PAD_ID, 0.0)
-    return [
-        [(out, float(score))] for out, score in zip(outputs, picked.sum(1).tolist(), strict=True)
-    ]
-
-
 @torch.no_grad()
 def _decode_batch(
     model: Seq2SeqTransformer,
@@ -209,21 +169,39 @@ def _decode_batch(
     seeds: list[int],
     weights: DecodingWeights,
     n_best: int,
+    scored: bool,
 ) -> list[list[Found]]:
     """Sources (B, S), padded, on the model's device -> B lists of hypotheses; `seeds`: one
     per sentence, for sampling."""
-    batch = src.size(0)
-    max_lengths = _budgets(model, src, options)  # (B,)
-    beams = 1 if options.sampling else options.beam_size
-    decoder = make_decoder(
-        model, src, int(max_lengths.max()) + 1, batch * beams, options.cuda_graphs, weights
-    )
-    if options.sampling:
-        o = options
-        found = sample(decoder, batch, max_lengths, o.temperature, o.top_k, o.top_p, seeds=seeds)
-    elif options.beam_size > 1:
-        hypotheses = beam_search(decoder, batch, options.beam_size, max_lengths, options.alpha)
+    batch, o = src.size(0), options
+    max_lengths = budgets((src != PAD_ID).sum(1), options, model.config.max_len)  # (B,)
+    width = 1 if o.sampling else o.beam_size
+    steps = int(max_lengths.max()) + 1
+    decoder = make_decoder(model, src, steps, batch * width, o.cuda_graphs, weights)
+    if width > 1:
+        hypotheses = beam_search(decoder, batch, width, max_lengths, o.alpha)
         return [[(h.tokens, h.score) for h in hyps[:n_best]] for hyps in hypotheses]
+    if o.sampling:
+        found = sample(decoder, batch, max_lengths, o.temperature, o.top_k, o.top_p, seeds=seeds)
     else:
         found = greedy_search(decoder, batch, max_lengths)
+    if scored:
+        return _scored(model, src, found, max_lengths.tolist())
     return [[(tokens, math.nan)] for tokens in found]
+
+
+def _scored(
+    model: Seq2SeqTransformer, src: Tensor, outputs: list[list[int]], max_lengths: list[int]
+) -> list[list[Found]]:
+    """Greedy or sampled outputs with their log-probability under the model (EOS included when
+    the output ended before its budget), from one more pass over source and output."""
+    golds = [
+        [*out, EOS_ID] if len(out) < budget else out
+        for out, budget in zip(outputs, max_lengths, strict=True)
+    ]  # an empty one takes one padded position, as does its input
+    gold = torch.from_numpy(pad_rows([g or [PAD_ID] for g in golds])).to(src.device)  # (B, T)
+    tgt_in = pad_rows([[BOS_ID, *g[:-1]] if g else [PAD_ID] for g in golds])  # (B, T)
+    logits = model(src, torch.from_numpy(tgt_in).to(src.device)).float()  # (B, T, V)
+    picked = logits.log_softmax(-1).gather(-1, gold[..., None])[..., 0]  # (B, T)
+    scores = picked.masked_fill(gold == PAD_ID, 0.0).sum(1).tolist()  # (B,)
+    return [[(out, score)] for out, score in zip(outputs, scores, strict=True)]

@@ -123,7 +123,7 @@ class Translator:
         Blank sentences translate to empty strings; `progress` draws a bar on stderr if it is a
         terminal. Raises TypeError unless `sentences` is a list of strings.
         """
-        found = self._hypotheses(sentences, beam_size, 1, progress, False, 4, options)
+        found = self._hypotheses(sentences, beam_size, 1, progress, False, options)
         return [hypotheses[0].text for hypotheses in found]
 
     def hypotheses(
@@ -138,7 +138,7 @@ class Translator:
         """The `n_best` best translations of each sentence, best first, with their scores:
         log-probability over the GNMT length penalty for beam search, log-probability for
         greedy and sampled outputs (NaN when not `scored`). `n_best` is at most `beam_size`."""
-        return self._hypotheses(sentences, beam_size, n_best, progress, scored, 4, options)
+        return self._hypotheses(sentences, beam_size, n_best, progress, scored, options)
 
     def _hypotheses(
         self,
@@ -147,13 +147,13 @@ class Translator:
         n_best: int,
         progress: bool,
         scored: bool,
-        stacklevel: int,
         options: dict[str, float | int | bool],
     ) -> list[list[Hypothesis]]:
         sentences = texts_list(sentences, "sentences")
         decode = DecodeOptions(beam_size=beam_size, **options)  # type: ignore[arg-type]
         texts = ["" if is_blank(s) else s for s in sentences]
-        sources = self.encode(texts, stacklevel)
+        # Warnings name the line that called `translate` or `hypotheses`, 4 frames up.
+        sources = self.encode(texts, stacklevel=4)
         if self.engine is not None:
             found = self.engine.translate_hypotheses(sources, decode, n_best)
         else:

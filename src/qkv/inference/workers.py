@@ -8,8 +8,8 @@ import signal
 import threading
 import warnings
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, TypeVar
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import torch
 
@@ -77,11 +77,11 @@ def map_in_workers(job: Callable[[int], Result], count: int, workers: int) -> It
         initializer=torch.set_num_threads,
         initargs=(max(1, threads // workers),),
     )
-    previous = _raise_on_sigterm()
+    previous = None  # SIGTERM handled as Ctrl-C meanwhile (Python's signals: main thread only)
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        futures: list[Future[Result]] = [pool.submit(in_mode, i) for i in range(split)]
-        for future in futures:
-            yield future.result()
+        yield from pool.map(in_mode, range(split))
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
         torch.set_num_threads(threads)  # torch keeps the last count set as its default
@@ -90,12 +90,5 @@ def map_in_workers(job: Callable[[int], Result], count: int, workers: int) -> It
     yield from map(job, range(split, count))
 
 
-def _raise_on_sigterm() -> Any:
-    """Handle SIGTERM as Ctrl-C until restored (main thread only); the previous handler."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    return signal.signal(signal.SIGTERM, interrupt)
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt

@@ -89,7 +89,8 @@ class MultiHeadAttention(nn.Module):
         check_mask(mask)
         if isinstance(cache, SourceKV):
             grouped = query.reshape(cache.keys.size(0), -1, self.d_model)  # (G, W * T, D)
-            output, weights = self.attend(grouped, cache.keys, cache.values, mask, need_weights)
+            q = self.split_heads(self.project(grouped, 0, 1))  # (G, H, W * T, K)
+            output, weights = self.attend_heads(q, cache.keys, cache.values, mask, need_weights)
             if weights is not None:  # (G, H, W * T, S) -> (B, H, T, S)
                 weights = weights.transpose(1, 2).reshape(*query.shape[:2], self.n_heads, -1)
                 weights = weights.transpose(1, 2)
@@ -102,13 +103,6 @@ class MultiHeadAttention(nn.Module):
             k, v = self.project_kv(key) if key is value else self._kv_apart(key, value)
         if cache is not None:
             k, v = cache.append(k, v)  # (B, H, S_cached, K) each
-        return self.attend_heads(q, k, v, mask, need_weights)
-
-    def attend(
-        self, query: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, need_weights: bool
-    ) -> tuple[Tensor, Tensor | None]:
-        """Queries (B, T, D) over projected keys and values (B, H, S, K) -> (B, T, D)."""
-        q = self.split_heads(self.project(query, 0, 1))  # (B, H, T, K)
         return self.attend_heads(q, k, v, mask, need_weights)
 
     def attend_heads(

@@ -121,9 +121,5 @@ def make_embeddings(
 ) -> Embeddings:
     """Build `Embeddings`, optionally around an existing (shared) token table."""
     token = token or TokenEmbedding(vocab_size, d_model, pad_id)
-    table: SinusoidalPositions | LearnedPositions = (
-        SinusoidalPositions(max_len, d_model)
-        if positions == "sinusoidal"
-        else LearnedPositions(max_len, d_model)
-    )
-    return Embeddings(token, table, dropout, max_len)
+    table = SinusoidalPositions if positions == "sinusoidal" else LearnedPositions
+    return Embeddings(token, table(max_len, d_model), dropout, max_len)

@@ -7,7 +7,7 @@ from torch import Tensor, nn
 
 from qkv.model.config import ModelConfig
 from qkv.model.decoder import Decoder
-from qkv.model.embedding import TokenEmbedding, check_ids, make_embeddings
+from qkv.model.embedding import check_ids, make_embeddings
 from qkv.model.encoder import Encoder
 from qkv.model.init import xavier_init
 from qkv.model.kv_cache import DecoderCache
@@ -29,30 +29,14 @@ class Seq2SeqTransformer(nn.Module):
         self.config = config
         c = config
         tie = c.tie_embeddings and c.joint_vocab
-        src_token = TokenEmbedding(c.vocab_size, c.d_model, c.pad_id)
-        tgt_token = src_token if tie else TokenEmbedding(c.target_vocab_size, c.d_model, c.pad_id)
-        self.encoder = Encoder(
-            c,
-            make_embeddings(
-                c.vocab_size, c.d_model, c.pad_id, c.dropout, c.max_len, c.positions, src_token
-            ),
-        )
-        self.decoder = Decoder(
-            c,
-            make_embeddings(
-                c.target_vocab_size,
-                c.d_model,
-                c.pad_id,
-                c.dropout,
-                c.max_len,
-                c.positions,
-                tgt_token,
-            ),
-        )
+        shared = (c.d_model, c.pad_id, c.dropout, c.max_len, c.positions)
+        self.encoder = Encoder(c, make_embeddings(c.vocab_size, *shared))
+        tied_token = self.encoder.embeddings.token if tie else None
+        self.decoder = Decoder(c, make_embeddings(c.target_vocab_size, *shared, tied_token))
         self.output = nn.Linear(c.d_model, c.target_vocab_size, bias=False)
         xavier_init(self, c.pad_id)
         if tie:
-            self.output.weight = tgt_token.table.weight
+            self.output.weight = self.decoder.embeddings.token.table.weight
 
     def encode(
         self, src_ids: Tensor, need_weights: bool = False

@@ -109,9 +109,7 @@ class ClassificationData:
 def sorted_labels(values: list[str]) -> list[str]:
     """Label names in a stable order: numerically when they are all integers."""
     unique = set(values)
-    if all(_INTEGER.fullmatch(v) for v in unique):
-        return sorted(unique, key=int)
-    return sorted(unique)
+    return sorted(unique, key=int if all(_INTEGER.fullmatch(v) for v in unique) else None)
 
 
 def encode_texts(
@@ -190,9 +188,7 @@ class ClassificationTask:
 
 def _labels(rows: TokenArray | Sequence[Sequence[int]]) -> np.ndarray:
     """(n,) int64 class indices of rows of one id each."""
-    if isinstance(rows, TokenArray):
-        return rows.flat().astype(np.int64)
-    return np.array([row[0] for row in rows], dtype=np.int64)
+    return token_array(rows).flat().astype(np.int64)
 
 
 def _split(

@@ -64,12 +64,9 @@ class TranslationData:
 
     def __post_init__(self) -> None:
         """Raises ConfigError for a setting out of range."""
-        if self.valid_sentences < 0:
-            raise ConfigError(f"valid_sentences must be >= 0 (0 = all), got {self.valid_sentences}")
-        if self.tokenizer_sample < 0:
-            raise ConfigError(
-                f"tokenizer_sample must be >= 0 (0 = all), got {self.tokenizer_sample}"
-            )
+        for name in ("valid_sentences", "tokenizer_sample"):
+            if (value := getattr(self, name)) < 0:
+                raise ConfigError(f"{name} must be >= 0 (0 = all), got {value}")
         if not 1 <= self.max_len <= MAX_POSITIONS:
             raise ConfigError(f"max_len must be between 1 and {MAX_POSITIONS}, got {self.max_len}")
         check_vocabulary(self.vocab_size, self.min_frequency)
@@ -131,15 +128,10 @@ class TranslationTask:
     def evaluate(self, device: torch.device) -> dict[str, float]:
         total, count = 0.0, 0
         scored = [i for i, ids in enumerate(self.valid_src) if ids]  # a loss needs a source
-        lengths = pair_lengths(
-            [self.valid_src[i] for i in scored], [self.valid_tgt[i] for i in scored]
-        )
-        budget = self.train_config.max_tokens
+        src, tgt = [self.valid_src[i] for i in scored], [self.valid_tgt[i] for i in scored]
+        lengths, budget = pair_lengths(src, tgt), self.train_config.max_tokens
         for batch in token_budget_batches(lengths, budget, shuffle=False, seed=0, epoch=0):
-            rows = [scored[i] for i in batch]
-            pairs = collate_pairs(
-                [self.valid_src[i] for i in rows], [self.valid_tgt[i] for i in rows]
-            ).to(device)
+            pairs = collate_pairs([src[i] for i in batch], [tgt[i] for i in batch]).to(device)
             states = self.model.hidden(pairs.src, pairs.tgt_in)
             logits, labels = nonpad_logits(self.model.output, states, pairs.labels, PAD_ID)
             total += float(smoothed_cross_entropy(logits, labels, 0.0, PAD_ID))
@@ -175,9 +167,8 @@ def prepare(
     token cache (the training text streamed, never whole in memory); training pairs longer
     than `data.max_len` or `model_max_len` are skipped. A resumed run (`tokenizer` given)
     must find the text its cache holds, and rebuilds a cache that is not whole."""
-    directory = Path(data.data_dir)
     paths = {
-        f"{split}.{side}": find_split(directory, name, language)
+        f"{split}.{side}": find_split(data.data_dir, name, language)
         for split, name in (("train", "train"), ("valid", "val"))
         for side, language in (("src", data.src), ("tgt", data.tgt))
     }

@@ -54,13 +54,18 @@ def fsync_file(path: Path) -> None:
 
 @contextlib.contextmanager
 def replacing(path: Path) -> Iterator[Path]:
-    """A temporary path for the new `path`, renamed onto it when the block ends (then the
-    directory is fsync'ed); if the block fails, it is removed and `path` left untouched."""
+    """A temporary path for the new `path` (a file, or a directory the block makes), renamed
+    onto it when the block ends (then the parent directory is fsync'ed); if the block fails,
+    it is removed and `path` left untouched."""
     tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)  # a directory left by a killed process
     try:
         yield tmp
+        if tmp.is_dir() and path.is_dir():
+            shutil.rmtree(path)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException:  # a full disk, say: the space goes back, older files stay
+        shutil.rmtree(tmp, ignore_errors=True)
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
         raise
@@ -85,10 +90,9 @@ def atomic_write_text(path: Path, text: str) -> None:
     written through, and a replaced file keeps its permissions."""
     if path.is_symlink():
         path = path.resolve()
-    with replacing(path) as tmp, tmp.open("w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
+    with replacing(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+        fsync_file(tmp)
         if path.is_file():
             os.chmod(tmp, path.stat().st_mode & 0o7777)
 
@@ -169,8 +173,14 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, Tenso
     """An optimizer's state as tensors (for safetensors) and plain values (for JSON)."""
     state = optimizer.state_dict()
     tensors: dict[str, Tensor] = {}
-    groups = [_plain_group(group) for group in state["param_groups"]]
-    plain: dict[str, Any] = {"param_groups": groups, "state": {}}
+    plain: dict[str, Any] = {"param_groups": [], "state": {}}
+    for group in state["param_groups"]:
+        # As an ordinary optimiser's: a CUDA-graph step holds the learning rate in a device
+        # tensor and sets `capturable`; a run resumed anywhere starts uncaptured.
+        group = {k: v.item() if isinstance(v, Tensor) else v for k, v in group.items()}
+        if "capturable" in group:
+            group["capturable"] = False
+        plain["param_groups"].append(group)
     for param_id, values in state["state"].items():
         plain["state"][str(param_id)] = {}
         for key, value in values.items():
@@ -179,15 +189,6 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, Tenso
             else:
                 plain["state"][str(param_id)][key] = value
     return tensors, plain
-
-
-def _plain_group(group: dict[str, Any]) -> dict[str, Any]:
-    """A parameter group as an ordinary optimiser's: a CUDA-graph step holds the learning
-    rate in a device tensor and sets `capturable`; a run resumed anywhere starts uncaptured."""
-    plain = {k: v.item() if isinstance(v, Tensor) else v for k, v in group.items()}
-    if "capturable" in plain:
-        plain["capturable"] = False
-    return plain
 
 
 def restore_optimizer(
@@ -208,14 +209,11 @@ def save_checkpoint(
     rng: dict[str, Tensor],
 ) -> Path:
     """Write one checkpoint atomically into `directory` (its final name)."""
-    tmp = directory.with_name(directory.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    try:
-        opt_tensors, opt_plain = optimizer_tensors(optimizer)
+    opt_tensors, opt_plain = optimizer_tensors(optimizer)
+    rng_tensors = {f"rng.{k}": v for k, v in rng.items()}
+    with replacing(directory) as tmp:
+        tmp.mkdir(parents=True)
         save_tensors(model_tensors(model), tmp / "model.safetensors")
-        rng_tensors = {f"rng.{k}": v for k, v in rng.items()}
         save_tensors({**opt_tensors, **rng_tensors}, tmp / "optimizer.safetensors")
         files = {name: sha256(tmp / name) for name in CHECKED_FILES}
         for name in files:
@@ -226,13 +224,6 @@ def save_checkpoint(
             handle.flush()
             os.fsync(handle.fileno())
         fsync_dir(tmp)
-    except BaseException:  # a full disk, say: the space goes back, the older checkpoints stay
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if directory.exists():
-        shutil.rmtree(directory)
-    os.replace(tmp, directory)
-    fsync_dir(directory.parent)
     return directory
 
 
@@ -245,8 +236,8 @@ def verify_checkpoint(directory: Path) -> dict[str, Any]:
         record = json.loads(state_path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as error:
         raise CheckpointError(f"{state_path}: corrupt ({error})") from None
-    if not isinstance(record, dict) or record.get("format_version") != FORMAT_VERSION:
-        found = record.get("format_version") if isinstance(record, dict) else None
+    found = record.get("format_version") if isinstance(record, dict) else None
+    if found != FORMAT_VERSION:
         raise CheckpointError(
             f"{state_path}: checkpoint format {found!r}, this qkv reads {FORMAT_VERSION}"
         )
@@ -298,26 +289,20 @@ def list_checkpoints(root: Path) -> list[Path]:
 def latest_good_checkpoint(
     root: Path, check: Callable[[Path, dict[str, Any]], None] | None = None
 ) -> tuple[Path | None, list[str]]:
-    """The newest checkpoint that verifies, and a message for each newer one that does not;
-    `check(directory, state)` may refuse a state by raising CheckpointError."""
+    """The newest checkpoint that verifies, and a message for each newer one that does not."""
     problems: list[str] = []
     for directory in reversed(list_checkpoints(root)):
-        if (problem := _problem(directory, check)) is None:
+        if (problem := checkpoint_problem(directory, check)) is None:
             return directory, problems
         problems.append(problem)
     return None, problems
 
 
-def good_checkpoints(directories: list[Path]) -> tuple[list[Path], list[str]]:
-    """Those of `directories` that verify, and a message for each of the others."""
-    problems = {directory: _problem(directory) for directory in directories}
-    good = [directory for directory, problem in problems.items() if problem is None]
-    return good, [problem for problem in problems.values() if problem is not None]
-
-
-def _problem(
+def checkpoint_problem(
     directory: Path, check: Callable[[Path, dict[str, Any]], None] | None = None
 ) -> str | None:
+    """Why `directory` is not a good checkpoint (None if it is): it does not verify, or
+    `check(directory, state)` refuses its state by raising CheckpointError."""
     try:
         record = verify_checkpoint(directory)
         if check is not None:

@@ -62,11 +62,6 @@ def is_main() -> bool:
     return rank() == 0
 
 
-def local_rank() -> int:
-    """This process's index on its machine: the GPU it uses."""
-    return int(os.environ.get("LOCAL_RANK", "0"))
-
-
 def timeout() -> datetime.timedelta:
     """How long a collective waits: QKV_DIST_TIMEOUT seconds (default 30 minutes)."""
     text = os.environ.get(TIMEOUT_ENV, "")
@@ -79,33 +74,17 @@ def timeout() -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
 
 
-def is_lost(error: BaseException) -> bool:
-    """Whether `error` is a collective that failed: a peer gone, or a timeout."""
-    return isinstance(error, dist.DistError) or (
-        isinstance(error, RuntimeError) and "gloo" in str(error)
-    )
-
-
-def lost_message(error: BaseException) -> str:
-    """One line on a failed collective, for `RankLost`."""
-    first = (str(error).strip().splitlines() or [""])[0]
-    reason = first.split("] ", 1)[-1].split(". ")[0][:200]  # gloo starts with its source file
-    return (
-        f"rank {rank()}: another process of the run died or stopped answering "
-        f"({reason or type(error).__name__})"
-    )
-
-
 @contextlib.contextmanager
 def joined() -> Iterator[None]:
     """This process in the run's process group for the block, when torchrun started several
-    (else nothing); a failed collective leaves the block as `RankLost`."""
+    (else nothing); a failed collective (a peer gone, or a timeout) leaves it as `RankLost`."""
     if not launched():
         yield
         return
+    local_rank = dist.get_node_local_rank(fallback_rank=0)  # the GPU of this process
     cuda = torch.cuda.is_available() and dist.is_nccl_available()
-    if cuda and local_rank() < torch.cuda.device_count():
-        torch.cuda.set_device(local_rank())
+    if cuda and local_rank < torch.cuda.device_count():
+        torch.cuda.set_device(local_rank)
     backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
     try:
         dist.init_process_group(backend, timeout=timeout())
@@ -119,9 +98,14 @@ def joined() -> Iterator[None]:
     try:
         yield
     except RuntimeError as error:
-        if is_lost(error):
-            raise RankLost(lost_message(error)) from None
-        raise
+        if not isinstance(error, dist.DistError) and "gloo" not in str(error):
+            raise
+        first = (str(error).strip().splitlines() or [""])[0]
+        reason = first.split("] ", 1)[-1].split(". ")[0][:200]  # gloo starts with its source file
+        raise RankLost(
+            f"rank {rank()}: another process of the run died or stopped answering "
+            f"({reason or type(error).__name__})"
+        ) from None
     finally:
         dist.destroy_process_group()
 
@@ -137,20 +121,13 @@ def main_first() -> Iterator[None]:
         try:
             yield
         except BaseException:
-            broadcast_flag(False)
+            from_main(False)
             raise
-        broadcast_flag(True)
+        from_main(True)
         return
-    if not broadcast_flag(False):
+    if not from_main(False):
         raise MainFailed("rank 0 stopped (its message says why); this rank stops too")
     yield
-
-
-def broadcast_flag(flag: bool) -> bool:
-    """Rank 0's `flag`, on every rank."""
-    tensor = torch.tensor([int(flag)])
-    dist.broadcast(tensor, src=0)
-    return bool(tensor.item())
 
 
 def from_main(value: T) -> T:
@@ -162,43 +139,31 @@ def from_main(value: T) -> T:
     return box[0]
 
 
-def gather_floats(values: Sequence[float]) -> Tensor:
-    """Every rank's `values`, as rows of a (world, len(values)) float64 tensor."""
-    return torch.stack(gather_tensors(torch.tensor(list(values), dtype=torch.float64)))
-
-
-def gather_tensors(tensor: Tensor) -> list[Tensor]:
-    """Every rank's `tensor` (same shape and dtype on all, on the CPU), in rank order."""
-    if world_size() == 1:
-        return [tensor]
-    rows = [torch.empty_like(tensor) for _ in range(world_size())]
-    dist.all_gather(rows, tensor)
-    return rows
-
-
 def agree_stop(received: list[str], elapsed: float) -> tuple[str | None, float]:
     """Why to stop, the same on every rank: the first signal a rank received (`STOPS`), or
     None; and the slowest rank's training time `elapsed`."""
     if world_size() == 1:
         return (received[0] if received else None), elapsed
     code = (STOPS.index(received[0]) + 1 if received[0] in STOPS else 1) if received else 0
-    rows = gather_floats([code, elapsed])  # (W, 2)
-    stopping = [r for r in range(world_size()) if rows[r, 0] > 0]
-    slowest = float(rows[:, 1].max())
+    row = torch.tensor([code, elapsed], dtype=torch.float64)
+    rows = [torch.empty_like(row) for _ in range(world_size())]
+    dist.all_gather(rows, row)  # a tensor, not an object: one collective a step, not two
+    codes, times = torch.stack(rows).T.tolist()  # (W,) each
+    stopping = [r for r, stop in enumerate(codes) if stop > 0]
     if not stopping:
-        return None, slowest
+        return None, max(times)
     if received:
-        return received[0], slowest
-    signal = STOPS[int(rows[stopping[0], 0]) - 1].removesuffix(" received")
-    return f"{signal} received by rank {stopping[0]}", slowest
+        return received[0], max(times)
+    signal = STOPS[int(codes[stopping[0]]) - 1].removesuffix(" received")
+    return f"{signal} received by rank {stopping[0]}", max(times)
 
 
 def summed(loss_sum: float, stats: dict[str, float]) -> tuple[float, dict[str, float]]:
     """A step's summed loss and statistics over every rank."""
-    if world_size() == 1:
-        return loss_sum, stats
     keys = sorted(stats)
-    totals = gather_floats([loss_sum, *(stats[k] for k in keys)]).sum(0)
+    totals = torch.tensor([loss_sum, *(stats[k] for k in keys)], dtype=torch.float64)
+    if world_size() > 1:
+        dist.all_reduce(totals)
     return float(totals[0]), {k: float(v) for k, v in zip(keys, totals[1:], strict=True)}
 
 
@@ -208,10 +173,13 @@ def rng_states() -> dict[str, Tensor]:
     mine = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         mine["cuda"] = torch.cuda.get_rng_state()
+    every = [mine] * world_size()
+    if world_size() > 1:
+        dist.all_gather_object(every, mine)
     return {
-        name if r == 0 else f"{name}.rank{r}": state
-        for name, tensor in mine.items()
-        for r, state in enumerate(gather_tensors(tensor))
+        name if r == 0 else f"{name}.rank{r}": states[name]
+        for name in mine
+        for r, states in enumerate(every)
     }
 
 
@@ -227,20 +195,10 @@ def restore_rng(rng: dict[str, Tensor], seed: int) -> None:
         torch.cuda.set_rng_state(rng[f"cuda{suffix}"])
 
 
-def world_size_note(saved: int, now: int, accumulate: int) -> str:
-    """What changes when a run is resumed by another number of processes."""
-    return (
-        f"note: the checkpoint was trained by {saved} process(es), this run has {now}: a step "
-        f"now takes {accumulate * now} batches (was {accumulate * saved}), so the effective "
-        f"batch is {now / saved:.3g} times what it was and an epoch has {saved / now:.3g} "
-        "times the steps; the data order and the learning-rate schedule (by steps) stay"
-    )
-
-
 def barrier() -> None:
-    """Wait until every rank is here (a CPU collective, as all of these: gloo's)."""
+    """Wait until every rank is here (on the CPU, gloo's, as the other collectives here)."""
     if world_size() > 1:
-        dist.all_reduce(torch.zeros(1))
+        dist.barrier()
 
 
 def padded(group: Sequence[T], world: int) -> list[T]:

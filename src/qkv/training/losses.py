@@ -22,10 +22,7 @@ def nonpad_logits(
 
 
 def smoothed_cross_entropy(
-    logits: Tensor,
-    labels: Tensor,
-    smoothing: float,
-    ignore_index: int = -100,
+    logits: Tensor, labels: Tensor, smoothing: float, ignore_index: int = -100
 ) -> Tensor:
     """Summed label-smoothed cross-entropy: logits (M, V), labels (M,) -> scalar; rows labelled
     `ignore_index` add nothing."""

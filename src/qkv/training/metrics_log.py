@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -16,14 +17,13 @@ class MetricsLog:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.board: Any = None
 
     def write(self, record: dict[str, Any]) -> None:
         if not is_main():
             return
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
-        if board := self._board():
+        if board := self.board:
             for key, value in record.items():
                 if isinstance(value, (int, float)) and key not in ("step", "epoch"):
                     board.add_scalar(
@@ -31,15 +31,15 @@ class MetricsLog:
                     )
             board.flush()
 
-    def _board(self) -> Any:
-        if self.board is None:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
+    @functools.cached_property
+    def board(self) -> Any:
+        """A TensorBoard writer, made at the first record; None without the package."""
+        try:
+            from torch.utils.tensorboard import SummaryWriter
 
-                self.board = SummaryWriter(str(self.path.parent / "tensorboard"))
-            except ImportError:
-                self.board = False
-        return self.board or None
+            return SummaryWriter(str(self.path.parent / "tensorboard"))
+        except ImportError:
+            return None
 
     def truncate_after(self, step: int) -> None:
         """Drop records newer than `step` (written after the checkpoint we resume from)."""

@@ -42,10 +42,8 @@ class Plan:
     """What a run is planned to do, fixed before its first step."""
 
     examples: int
-    tokens: int  # padded tokens of one pass (the batches' budget is counted this way)
-    max_tokens: int
+    max_tokens: int  # the batches' budget of padded tokens
     steps_per_epoch: int
-    epochs: int
     steps: int
     warmup: int
     eval_every: int
@@ -70,37 +68,27 @@ def plan_training(
     its batch size, epochs, warm-up and evaluation interval set from it. `explicit` names the
     settings the user gave, which are kept."""
     c = config
-    max_tokens = c.max_tokens
-    if "max_tokens" not in explicit:
-        max_tokens = min(max_tokens, max(MIN_TOKENS, tokens // MIN_BATCHES))
+
+    def unless_explicit(name: str, value: int) -> int:
+        """`value`, unless the user gave the setting `name`."""
+        return getattr(c, name) if name in explicit else value
+
+    max_tokens = unless_explicit(
+        "max_tokens", min(c.max_tokens, max(MIN_TOKENS, tokens // MIN_BATCHES))
+    )
     processes = world_size()
     per_epoch = max(1, math.ceil(tokens / max_tokens) // (c.accumulate * processes))
-    epochs = c.max_epochs
-    if "max_epochs" not in explicit:
-        epochs = max(epochs, math.ceil(MIN_STEPS / per_epoch))
+    epochs = unless_explicit("max_epochs", max(c.max_epochs, math.ceil(MIN_STEPS / per_epoch)))
     steps = per_epoch * epochs
     if c.max_steps:
         steps = min(steps, c.max_steps)
-    warmup = c.warmup
-    if "warmup" not in explicit:
-        warmup = min(warmup, max(1, round(WARMUP_SHARE * steps)))
-    eval_every = c.eval_every
-    if "eval_every" not in explicit:
-        eval_every = min(eval_every, max(1, steps // MIN_EVALS))
+    warmup = unless_explicit("warmup", min(c.warmup, max(1, round(WARMUP_SHARE * steps))))
+    eval_every = unless_explicit("eval_every", min(c.eval_every, max(1, steps // MIN_EVALS)))
     planned = replace(
         c, max_tokens=max_tokens, max_epochs=epochs, warmup=warmup, eval_every=eval_every
     )
     plan = Plan(
-        examples,
-        tokens,
-        max_tokens,
-        per_epoch,
-        epochs,
-        steps,
-        warmup,
-        eval_every,
-        c.max_minutes,
-        processes,
+        examples, max_tokens, per_epoch, steps, warmup, eval_every, c.max_minutes, processes
     )
     return plan, planned
 

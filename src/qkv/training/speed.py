@@ -7,11 +7,12 @@ import ctypes.util
 import os
 
 import torch
+import torch.distributed as dist
 
 from qkv.errors import ConfigError
 from qkv.fast.compiled import allow
 from qkv.training.config import TrainConfig
-from qkv.training.distributed import launched, local_rank
+from qkv.training.distributed import launched
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
 _MALLOPT_SETTINGS = ((_M_MMAP_THRESHOLD, 1 << 30), (_M_TRIM_THRESHOLD, 1 << 31), (_M_ARENA_MAX, 1))
@@ -48,7 +49,7 @@ def pick_device(name: str) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and launched() and torch.cuda.is_available():
-        name = f"cuda:{local_rank()}"
+        name = f"cuda:{dist.get_node_local_rank(fallback_rank=0)}"
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(
             f"device {name} asked for, but torch sees no CUDA device (no GPU, or a CPU-only "

@@ -60,15 +60,14 @@ def check_progress(directory: Path, record: dict[str, Any]) -> None:
         progress = typed_section(record.get("progress"), Progress, "progress")
         if unknown := sorted(set(progress) - {f.name for f in fields(Progress)}):
             raise ConfigError(f"progress.{unknown[0]} is unknown")
-        if negative := [k for k in COUNTS if isinstance(progress.get(k), int) and progress[k] < 0]:
-            raise ConfigError(f"progress.{negative[0]} is {progress[negative[0]]}, below 0")
-        if isinstance(progress.get("world_size"), int) and progress["world_size"] < 1:
-            raise ConfigError(f"progress.world_size is {progress['world_size']}, below 1")
+        for key, least in MINIMA.items():
+            if isinstance(progress.get(key), int) and progress[key] < least:
+                raise ConfigError(f"progress.{key} is {progress[key]}, below {least}")
     except ConfigError as error:
         raise CheckpointError(f"{directory / ckpt.STATE_FILE}: corrupt ({error})") from None
 
 
-COUNTS = ("step", "epoch", "batch_index", "best_step")  # fields of `Progress` counting from 0
+MINIMA = {"step": 0, "epoch": 0, "batch_index": 0, "best_step": 0, "world_size": 1}
 
 
 class Trainer:
@@ -97,7 +96,6 @@ class Trainer:
         self.checkpoints = run_dir / "checkpoints"
 
     def checkpoint_at(self, step: int) -> Path:
-        """The directory of the checkpoint of `step` (written or not)."""
         return self.checkpoints / f"step-{step:07d}"
 
     def save(self) -> None:
@@ -143,9 +141,15 @@ class Trainer:
         # A run that stopped on its budget goes on when resumed with a larger one.
         c, p = self.config, self.progress
         p.done = self.should_stop() or bool(c.patience and p.evals_since_best >= c.patience)
-        if p.world_size != self.world:
-            print(distributed.world_size_note(p.world_size, self.world, c.accumulate))
-            p.world_size = self.world
+        if (was := p.world_size) != (now := self.world):  # a note on what changes
+            print(
+                f"note: the checkpoint was trained by {was} process(es), this run has {now}: a "
+                f"step now takes {c.accumulate * now} batches (was {c.accumulate * was}), so the "
+                f"effective batch is {now / was:.3g} times what it was and an epoch has "
+                f"{was / now:.3g} times the steps; the data order and the learning-rate schedule "
+                "(by steps) stay"
+            )
+            p.world_size = now
         if distributed.is_main():
             self.log.truncate_after(self.progress.step)
         print(f"resuming from {directory} (step {self.progress.step}, epoch {self.progress.epoch})")
@@ -175,31 +179,32 @@ class Trainer:
                     group = batches[p.batch_index : p.batch_index + per_step]
                     stepped = self.step(group, bar)
                     p.batch_index += len(group)
-                    stop = self.agree(received)
+                    # A signal any rank received, and the slowest rank's training time: the
+                    # same on every rank, so that all stop at the same step.
+                    stop, p.elapsed = distributed.agree_stop(received, p.elapsed)
                     if stepped and self.should_stop():
                         p.done = True
                         break
                     # A skipped step leaves p.step unchanged: no second validation of it.
-                    validated = stepped and p.step % c.eval_every == 0
-                    if validated:
-                        self.validate()
-                        stop = self.agree(received)
+                    if stepped and p.step % c.eval_every == 0:
+                        self.validate()  # and a checkpoint
+                        stop, p.elapsed = distributed.agree_stop(received, p.elapsed)
                         if p.done:
                             break
+                    elif stop:
+                        self.save()
                     if stop:
-                        if not validated:
-                            self.save()
                         raise self.interrupted(stop, "continue")
                 if not p.done:
                     p.epoch, p.batch_index = p.epoch + 1, 0
             bar.close()
             unvalidated = not p.history or p.history[-1]["step"] != p.step
-            stop = self.agree(received)
+            stop, p.elapsed = distributed.agree_stop(received, p.elapsed)
             if stop and unvalidated:  # during the last step: its checkpoint, no validation
                 self.save()
             elif unvalidated:
                 self.validate()
-                stop = self.agree(received)
+                stop, p.elapsed = distributed.agree_stop(received, p.elapsed)
             if stop:  # before or during the final validation: the averaging is left to do
                 raise self.interrupted(stop, "finish")
             self.finish()
@@ -215,7 +220,7 @@ class Trainer:
         found = run_warnings(records, c.warmup, self.task.metric, trivial, p.skipped_steps)
         for warning in found:
             tqdm.write(f"warning: {warning}")
-        if found and distributed.is_main():
+        if found:
             self.log.write({"split": "warnings", "step": p.step, "warnings": found})
 
     def interrupted(self, reason: str, then: str) -> TrainingInterrupted:
@@ -225,13 +230,6 @@ class Trainer:
             f"{reason}: checkpoint saved at step {self.progress.step}; "
             f"{then} with: {launcher}qkv train --resume {self.run_dir}"
         )
-
-    def agree(self, received: list[str]) -> str | None:
-        """Why to stop now, the same on every rank: a signal that any rank received (else
-        None). Under torchrun, the ranks also take the slowest one's training time, so that
-        `max_minutes` ends them all at the same step."""
-        reason, self.progress.elapsed = distributed.agree_stop(received, self.progress.elapsed)
-        return reason
 
     def should_stop(self) -> bool:
         c, p = self.config, self.progress
@@ -360,13 +358,8 @@ class Trainer:
         batch per step, one process (no DDP, whose gradient hooks a graph cannot replay), and
         a task that can pad its batches to fixed shapes."""
         c = self.config
-        if (
-            self.device.type != "cuda"
-            or not c.cuda_graphs
-            or c.accumulate != 1
-            or self.ddp is not None
-            or not isinstance(self.task, GraphableTask)
-        ):
+        applies = self.device.type == "cuda" and c.cuda_graphs and c.accumulate == 1
+        if not applies or self.ddp is not None or not isinstance(self.task, GraphableTask):
             return None
         if self.graphed is None:
             if c.fast:  # else the reference model, whose shapes are fixed already
@@ -413,10 +406,12 @@ class Trainer:
         c, p = self.config, self.progress
         if not c.average_last or not distributed.is_main():
             return
-        last = ckpt.list_checkpoints(self.checkpoints)[-c.average_last :]
-        found, problems = ckpt.good_checkpoints(last)
-        for problem in problems:
-            print(f"warning: not averaging a bad checkpoint: {problem}")
+        found = []
+        for directory in ckpt.list_checkpoints(self.checkpoints)[-c.average_last :]:
+            if problem := ckpt.checkpoint_problem(directory):
+                print(f"warning: not averaging a bad checkpoint: {problem}")
+            else:
+                found.append(directory)
         if len(found) < 2:
             return
         self.model.load_state_dict(ckpt.average_weights(found), strict=False)
