@@ -7,7 +7,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-import qkv.fast.grid as grid
 from qkv.fast import packed
 from qkv.fast.packed_attention import SHORT
 from qkv.fast.packing import Packing
@@ -50,12 +49,10 @@ def test_packed_layers_compute_the_reference_states_at_real_positions(
     assert packed_states[~real].abs().max() == 0
 
 
-@pytest.mark.parametrize("group_cost", [grid.GROUP_COST, 0])  # 0: a group per length
 @pytest.mark.parametrize("mode", ["train", "eval"])
 def test_packed_and_reference_give_the_same_loss_and_gradients(
-    model: Seq2SeqTransformer, group_cost: int, mode: str, monkeypatch: pytest.MonkeyPatch
+    model: Seq2SeqTransformer, mode: str
 ) -> None:
-    monkeypatch.setattr(grid, "GROUP_COST", group_cost)
     model.train(mode == "train")  # dropout 0
     twin = fast_twin(model)
     src, tgt = batch()

@@ -2,7 +2,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import qkv.fast.grid as grid
 from qkv.fast.packed_attention import _softmax_grad, packed_attention, packed_attention_applies
 from qkv.fast.packing import Packing
 from qkv.model.masks import decoder_self_mask, padding_mask
@@ -10,13 +9,6 @@ from qkv.model.masks import decoder_self_mask, padding_mask
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 HEADS, WIDTH = 4, 32
-
-
-@pytest.fixture(autouse=True, params=["one group", "a group per length"])
-def groups(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every test both ways: the batches here are too small for a cut to pay."""
-    if request.param != "one group":
-        monkeypatch.setattr(grid, "GROUP_COST", 0)
 
 
 def reference(
@@ -111,7 +103,7 @@ def test_a_row_masked_whole_gives_zeros_as_the_fused_kernel_does() -> None:
     assert torch.all(out[5] == 0)
 
 
-def test_sentences_of_many_lengths_in_groups_equal_the_autograd_path() -> None:
+def test_sentences_of_many_lengths_equal_the_autograd_path() -> None:
     torch.manual_seed(0)
     src_lengths, tgt_lengths = [7, 1, 3, 0, 5, 2, 6, 4], [2, 6, 0, 3, 1, 5, 4, 6]
     src = torch.zeros(8, 7, dtype=torch.long)
@@ -141,15 +133,15 @@ def test_where_it_applies(
     assert packed_attention_applies(torch.zeros(2, 3, dtype=dtype), dropout_p, longest) is applies
 
 
-def test_the_groups_masks_are_made_once_for_the_layers_of_a_batch() -> None:
+def test_the_mask_is_made_once_for_the_layers_of_a_batch() -> None:
     tgt = torch.tensor([[5, 6, 7, 8, 9], [9, 5, 0, 0, 0], [6, 7, 8, 0, 0]])
     rows = batch_rows(tgt)
     queries = torch.randn(len(rows.index), 3 * WIDTH)
     mask = decoder_self_mask(tgt, 0)
     first = packed_attention(queries, None, mask, rows, rows, HEADS)
-    made = grid.layout(rows, grid.grouping(rows)).derived  # what the batch computed once
+    made = rows.derived  # what the batch computed once
     held = dict(made)
-    assert any(key[0] == "_group_masks" for key in held)
+    assert any(key[0] == "_additive_mask" for key in held)
     second = packed_attention(queries, None, mask, rows, rows, HEADS)  # the next layer
     assert made.keys() == held.keys() and all(made[key] is held[key] for key in held)
     assert torch.equal(first, second)

@@ -4,8 +4,10 @@ the linear layers multiply uncopied (`padded_rows`), the fillers copies of the f
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import torch
 from torch import Tensor
@@ -21,7 +23,7 @@ class Packing:
     batch: int  # B
     length: int  # L
     count: int  # M, the real tokens
-    # computed once per batch for all its layers (attention's layouts, `qkv.fast.grid`)
+    # computed once per batch for all its layers (`per_batch`: attention's masks, say)
     derived: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -52,3 +54,25 @@ class Packing:
         real = self.index[: self.count]  # (M,)
         padded.index_copy_(0, real, rows[: self.count])
         return padded.view(self.batch, self.length, *tail)  # (B, L, ...)
+
+
+Args = ParamSpec("Args")
+T = TypeVar("T")
+
+
+def per_batch(
+    fn: Callable[Concatenate[Packing, Args], T],
+) -> Callable[Concatenate[Packing, Args], T]:
+    """`fn(rows, *args)` computed once per batch (its `Packing`) and positional args: numbers,
+    strings and dtypes by value, other objects by identity (the entry holds them, so that
+    their ids are not reused)."""
+
+    @functools.wraps(fn)
+    def once(rows: Packing, *args: Args.args, **kwargs: Args.kwargs) -> T:
+        assert not kwargs, "positional arguments only"
+        key = (fn.__name__, *(a if isinstance(a, int | str | torch.dtype) else id(a) for a in args))
+        if key not in rows.derived:
+            rows.derived[key] = (args, fn(rows, *args, **kwargs))
+        return rows.derived[key][1]
+
+    return once
