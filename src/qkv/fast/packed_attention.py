@@ -1,8 +1,8 @@
 """Attention from packed rows to packed rows for short CPU float32 sentences, without dropout.
 
-The rows go into a head-major grid (parts · H · B · L, K) in one scatter and come back in one
-gather, with no padded or head-major copy of their own; the products are batched over heads and
-sentences; the backward is written out.
+The rows are scattered straight into a head-major grid of the padded batch, (parts · H · B · L,
+K): one copy where the reference unpacks and then transposes the heads, and one gather back.
+The products are batched over heads and sentences; the backward is written out.
 """
 
 from __future__ import annotations
