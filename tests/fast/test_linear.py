@@ -141,3 +141,34 @@ def test_onednn_is_preferred_off_intel_cpus(
         assert onednn.preferred() is expected
     finally:
         onednn.preferred.cache_clear()
+
+
+@pytest.mark.parametrize(
+    ("text", "vendor", "bf16"),
+    [
+        ("vendor_id\t: AuthenticAMD\nflags\t\t: fpu avx512f avx512_bf16\n", "AuthenticAMD", True),
+        ("vendor_id\t: GenuineIntel\nflags\t\t: fpu avx512f\n", "GenuineIntel", False),
+        (None, "the platform's", False),  # /proc/cpuinfo unreadable (not Linux, say)
+    ],
+)
+def test_the_cpu_is_read_from_proc_cpuinfo_or_else_from_the_platform(
+    text: str | None, vendor: str, bf16: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pathlib import Path
+
+    from qkv.fast import frozen_linear
+    from qkv.fast import linear as onednn
+
+    def read_text(path: Path, *args: object, **kwargs: object) -> str:
+        if text is None:
+            raise PermissionError(f"{path}: not readable")
+        return text
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    monkeypatch.setattr(onednn.platform, "processor", lambda: "the platform's")
+    onednn.cpu_info.cache_clear()
+    try:
+        assert onednn.cpu_vendor() == vendor
+        assert frozen_linear._bf16_instructions() is bf16
+    finally:
+        onednn.cpu_info.cache_clear()

@@ -7,13 +7,13 @@ import copy
 import functools
 import re
 from collections.abc import Collection
-from pathlib import Path
 from typing import TypeVar
 
 import torch
 from torch import Tensor, nn
 
 from qkv.fast.linear import (
+    cpu_info,
     linear,
     onednn_available,
     onednn_linear,
@@ -124,10 +124,5 @@ def cpu_bf16_matmuls() -> bool:
     return onednn_available() and _bf16_instructions() and onednn_multiplies(torch.bfloat16)
 
 
-@functools.cache
 def _bf16_instructions() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return re.search(r"\b(avx512_bf16|amx_bf16)\b", flags) is not None
+    return re.search(r"\b(avx512_bf16|amx_bf16)\b", cpu_info()) is not None

@@ -126,11 +126,18 @@ def preferred() -> bool:
 def cpu_vendor() -> str:
     """The CPU's vendor ("GenuineIntel", "AuthenticAMD", ...), or the platform's processor
     name where /proc/cpuinfo does not say."""
-    try:
-        found = re.search(r"^vendor_id\s*:\s*(\S+)", Path("/proc/cpuinfo").read_text(), re.M)
-    except OSError:
-        found = None
+    found = re.search(r"^vendor_id\s*:\s*(\S+)", cpu_info(), re.M)
     return found.group(1) if found else platform.processor()
+
+
+@functools.cache
+def cpu_info() -> str:
+    """The text of /proc/cpuinfo (Linux's description of the CPU: vendor, instruction sets),
+    read once; "" where it cannot be read."""
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
 
 
 @functools.cache

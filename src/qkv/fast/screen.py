@@ -52,16 +52,16 @@ class Int8Screen:
         step = largest / 127  # s
         blocks = -(-self.vocab_size // BLOCK)
         self.quantized = weight.new_zeros(blocks * BLOCK, d, dtype=torch.int8)  # (V', D) ŵ
-        residual = kept = largest = 0.0  # max ‖r_v‖, max ‖s ŵ_v‖, max ‖w_v‖
+        residual = kept = widest = 0.0  # max ‖r_v‖, max ‖s ŵ_v‖, max ‖w_v‖
         for start in range(0, self.vocab_size, 1024):  # no float64 copy of the whole weight
             rows = weight[start : start + 1024].double()  # (c, D)
             steps = (rows / step).round_().clamp_(-127, 127)  # (c, D) ŵ_v
             self.quantized[start : start + len(rows)] = steps.to(torch.int8)
             residual = max(residual, float(_norms(rows - steps * step).max()))
             kept = max(kept, float(_norms(steps * step).max()))
-            largest = max(largest, float(_norms(rows).max()))
+            widest = max(widest, float(_norms(rows).max()))
         spare = 2.02 * (1 + 1e-6) / step  # twice the bound, in steps of t s (t at each call)
-        self.per_norm = spare * (residual + 2 * d * _DELTA * largest + 3 * _DELTA * kept)
+        self.per_norm = spare * (residual + 2 * d * _DELTA * widest + 3 * _DELTA * kept)
         self.per_rest = spare * kept
 
     @classmethod

@@ -179,16 +179,14 @@ class Trainer:
                     group = batches[p.batch_index : p.batch_index + per_step]
                     stepped = self.step(group, bar)
                     p.batch_index += len(group)
-                    # A signal any rank received, and the slowest rank's training time: the
-                    # same on every rank, so that all stop at the same step.
-                    stop, p.elapsed = distributed.agree_stop(received, p.elapsed)
+                    stop = self.agree(received)
                     if stepped and self.should_stop():
                         p.done = True
                         break
                     # A skipped step leaves p.step unchanged: no second validation of it.
                     if stepped and p.step % c.eval_every == 0:
                         self.validate()  # and a checkpoint
-                        stop, p.elapsed = distributed.agree_stop(received, p.elapsed)
+                        stop = self.agree(received)
                         if p.done:
                             break
                     elif stop:
@@ -199,12 +197,12 @@ class Trainer:
                     p.epoch, p.batch_index = p.epoch + 1, 0
             bar.close()
             unvalidated = not p.history or p.history[-1]["step"] != p.step
-            stop, p.elapsed = distributed.agree_stop(received, p.elapsed)
+            stop = self.agree(received)
             if stop and unvalidated:  # during the last step: its checkpoint, no validation
                 self.save()
             elif unvalidated:
                 self.validate()
-                stop, p.elapsed = distributed.agree_stop(received, p.elapsed)
+                stop = self.agree(received)
             if stop:  # before or during the final validation: the averaging is left to do
                 raise self.interrupted(stop, "finish")
             self.finish()
@@ -230,6 +228,13 @@ class Trainer:
             f"{reason}: checkpoint saved at step {self.progress.step}; "
             f"{then} with: {launcher}qkv train --resume {self.run_dir}"
         )
+
+    def agree(self, received: list[str]) -> str | None:
+        """Why to stop now, the same on every rank: a signal that any rank received (else
+        None). Under torchrun, the ranks also take the slowest one's training time, so that
+        `max_minutes` ends them all at the same step."""
+        reason, self.progress.elapsed = distributed.agree_stop(received, self.progress.elapsed)
+        return reason
 
     def should_stop(self) -> bool:
         c, p = self.config, self.progress
