@@ -172,7 +172,7 @@ def open_token_cache(path: Path, verify: bool = True) -> TokenCache | None:
     """The cache at `path`; None when it is missing, unreadable, of another format, cut short
     or (with `verify`, a pass over the file) not what was written."""
     try:
-        with safe_open(path, "numpy"):  # checks that the tensors fill the file, no more
+        with safe_open(str(path), "numpy"):  # checks that the tensors fill the file, no more
             pass
         file = OpenFile(path)
         header, metadata = _read_header(file)
