@@ -3,6 +3,7 @@ import pytest
 from qkv import overrides
 from qkv.errors import ConfigError
 from qkv.model.config import ModelConfig
+from qkv.tasks.translation import TranslationData
 from qkv.training.config import TrainConfig
 
 
@@ -55,3 +56,13 @@ def test_malformed_pairs() -> None:
 def test_bad_training_values_are_explained(pair: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         overrides.apply(TrainConfig(), overrides.parse_pairs([pair]))
+
+
+def test_an_unknown_setting_is_named_with_the_setting_it_is_likely_a_typo_of() -> None:
+    values = {"lowercas": "true", "n_head": "4", "warmpu": "10", "colour": "red"}
+    with pytest.raises(ConfigError) as error:
+        overrides.apply_all(TranslationData(), ModelConfig(), TrainConfig(), values)
+    assert str(error.value) == (
+        "unknown setting(s): colour, lowercas (did you mean lowercase?), "
+        "n_head (did you mean n_heads?), warmpu (did you mean warmup?)"
+    )

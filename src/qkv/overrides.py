@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import types
 import typing
+from collections.abc import Iterable
 from typing import Any, TypeVar, Union, get_args, get_origin
 
 from qkv.errors import ConfigError
@@ -68,5 +70,16 @@ def apply_all(data: T, model: U, train: V, values: dict[str, str]) -> tuple[T, U
     model, rest = apply(model, rest)
     train, rest = apply(train, rest)
     if rest:
-        raise ConfigError(f"unknown setting(s): {', '.join(sorted(rest))}")
+        raise unknown_settings(rest, [*vars(data), *vars(model), *vars(train)])
     return data, model, train
+
+
+def unknown_settings(unknown: Iterable[str], known: Iterable[str]) -> ConfigError:
+    """The error for settings no config has, each with the known name it is likely a typo of:
+    "unknown setting(s): d_modle (did you mean d_model?)"."""
+    known = list(known)
+    named = []
+    for key in sorted(unknown):
+        near = difflib.get_close_matches(key, known, n=1)
+        named.append(f"{key} (did you mean {near[0]}?)" if near else key)
+    return ConfigError(f"unknown setting(s): {', '.join(named)}")

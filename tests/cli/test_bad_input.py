@@ -113,7 +113,7 @@ def test_train_translation_on_bad_data(
 BAD_SETTINGS = {
     "unknown preset": (["--preset", "huge"], "unknown translation preset 'huge'"),
     "bad value": (["threads=many"], "threads: cannot read 'many' as int"),
-    "unknown setting": (["d_modle=64"], "unknown setting(s): d_modle"),
+    "unknown setting": (["d_modle=64"], "unknown setting(s): d_modle (did you mean d_model?)"),
     "invalid value": (["eval_every=0"], "eval_every must be at least 1"),
     "invalid model": (["d_model=30", "n_heads=4"], "d_model (30) must be divisible by n_heads (4)"),
 }

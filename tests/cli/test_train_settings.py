@@ -135,8 +135,9 @@ def test_resume_refuses_what_belongs_to_a_new_run(
 def test_resume_names_an_unknown_setting_as_unknown(
     capsys: pytest.CaptureFixture[str], run: Path
 ) -> None:
-    code, err = qkv(capsys, "train", "--resume", run, "max_step=50")
-    assert code == 2 and err == "qkv: unknown setting(s): max_step\n", err
+    code, err = qkv(capsys, "train", "--resume", run, "max_step=50", "zzz=1")
+    assert code == 2, err
+    assert err == "qkv: unknown setting(s): max_step (did you mean max_steps?), zzz\n", err
     code, err = qkv(capsys, "train", "--resume", run, "d_model=8")
     assert code == 2 and "only training settings and the data's places can change" in err
 

@@ -212,8 +212,11 @@ def test_read_labelled_csv_with_quotes(tmp_path: Path) -> None:
 
 def test_read_labelled_csv_missing_column_names_available(tmp_path: Path) -> None:
     path = write(tmp_path / "train.csv", "sentence,label\nhello,1\n")
-    with pytest.raises(DataError, match=r"missing column 'text' \(columns: 'sentence', 'label'\)"):
+    with pytest.raises(DataError, match=r"missing column 'text' \(columns: 'sentence', 'label'\)$"):
         read_labelled(path)
+    # Read for training: the setting that names another column is said.
+    with pytest.raises(DataError, match=r"'label'\); name another with label_field=NAME$"):
+        read_labelled(path, text_field="sentence", label_field="stars", settable=True)
 
 
 def test_read_labelled_csv_wrong_field_count(tmp_path: Path) -> None:

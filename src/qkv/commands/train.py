@@ -155,16 +155,15 @@ def _train(args: argparse.Namespace, out: Path, values: dict[str, str]) -> Progr
     labelled.train_file, labelled.valid_file = args.train, args.valid or ""
     if args.valid_fraction is not None:
         labelled.valid_fraction = args.valid_fraction
-    fitted: dict[str, str] = {}
-    if args.preset is None:
+    labelled, model, train = overrides.apply_all(labelled, model, train, values)
+    if args.preset is None:  # read by the fields given (text_field=...)
         examples = len(labelled.read(labelled.train_file)[0])
-        fitted = {
-            k: v for k, v in presets.fitted_classification(examples).items() if k not in values
-        }
+        fitted = presets.fitted_classification(examples)
+        fitted = {k: v for k, v in fitted.items() if k not in values}
         if fitted:
             settings = " ".join(f"{k}={v}" for k, v in fitted.items())
             print(f"no preset: strong, fitted to {examples:,} texts: {settings}")
-    labelled, model, train = overrides.apply_all(labelled, model, train, {**fitted, **values})
+            labelled, model, train = overrides.apply_all(labelled, model, train, fitted)
     return train_classification(labelled, model, train, out, explicit=frozenset(values))
 
 
@@ -191,8 +190,9 @@ def _resume(run_dir: Path, values: dict[str, str]) -> int:
                     f"place: qkv train --resume {run_dir} {key}=NEW"
                 )
         run.train, rest = overrides.apply(run.train, values)
-        if unknown := sorted(set(rest) - set(run.data) - set(run.model.to_dict())):
-            raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")
+        known = [*run.data, *run.model.to_dict(), *run.train.to_dict()]
+        if unknown := set(rest) - set(known):
+            raise overrides.unknown_settings(unknown, known)
         if rest:
             raise ConfigError(
                 "only training settings and the data's places can change when resuming, "

@@ -82,15 +82,19 @@ def read_labelled(
     label_field: str = "label",
     known_labels: Collection[str] | None = None,
     clean: Callable[[str], str] | None = None,
+    settable: bool = False,
 ) -> tuple[list[str], list[str]]:
     """Reads a text-classification file into (texts, labels); a text blank once `clean`ed is
     refused. The suffix (less ".gz") gives the format: ".jsonl"/".json" (one JSON object a line),
     ".csv" or ".tsv" (a header row, then records; TSV fields are not quoted). Labels are
     strings (a JSON 1 becomes "1") in NFC, so that labels that look the same are the same.
+    With `settable`, a missing field's error says which setting names another
+    (`text_field=NAME`, `label_field=NAME`).
     """
     texts: list[str] = []
     labels: list[str] = []
-    for line, (text, label) in _read_records(path, (text_field, label_field)):
+    settings = ("text_field", "label_field") if settable else None
+    for line, (text, label) in _read_records(path, (text_field, label_field), settings):
         texts.append(_check_text(path, text, text_field, line, clean))
         labels.append(_check_label(path, label, label_field, line))
         if known_labels is not None and labels[-1] not in known_labels:
@@ -126,13 +130,16 @@ def _format_suffix(path: Path) -> str:
     return Path(path.name.removesuffix(".gz")).suffix.lower()
 
 
-def _read_records(path: str | Path, fields: Sequence[str]) -> list[tuple[int, list[object]]]:
-    """The values of `fields` in each record, with the 1-based line on which it starts."""
+def _read_records(
+    path: str | Path, fields: Sequence[str], settings: Sequence[str] | None = None
+) -> list[tuple[int, list[object]]]:
+    """The values of `fields` in each record, with the 1-based line on which it starts; a
+    missing field's error names the setting that chooses it, where `settings` gives them."""
     suffix = _format_suffix(Path(path))
     if suffix in (".jsonl", ".json"):
-        records = _read_json_lines(path, fields)
+        records = _read_json_lines(path, fields, settings)
     elif suffix in (".csv", ".tsv"):
-        records = _read_table(path, fields, tsv=suffix == ".tsv")
+        records = _read_table(path, fields, settings, tsv=suffix == ".tsv")
     else:  # a missing file or a directory is reported as such, not as a format
         if Path(path).is_dir():
             raise DataError(path, A_DIRECTORY)
@@ -145,7 +152,9 @@ def _read_records(path: str | Path, fields: Sequence[str]) -> list[tuple[int, li
     return records
 
 
-def _read_json_lines(path: str | Path, fields: Sequence[str]) -> list[tuple[int, list[object]]]:
+def _read_json_lines(
+    path: str | Path, fields: Sequence[str], settings: Sequence[str] | None
+) -> list[tuple[int, list[object]]]:
     records: list[tuple[int, list[object]]] = []
     for number, line in enumerate(read_lines(path, allow_empty=True), start=1):
         if is_blank(line):
@@ -158,16 +167,17 @@ def _read_json_lines(path: str | Path, fields: Sequence[str]) -> list[tuple[int,
             raise DataError(
                 path, f"expected a JSON object, got {type(record).__name__}", line=number
             )
-        for field in fields:
+        for i, field in enumerate(fields):
             if field not in record:
                 available = ", ".join(map(repr, record)) or "none"
-                raise DataError(path, f"missing field '{field}' (fields: {available})", line=number)
+                problem = f"missing field '{field}' (fields: {available})"
+                raise DataError(path, problem + _another(settings, i), line=number)
         records.append((number, [record[field] for field in fields]))
     return records
 
 
 def _read_table(
-    path: str | Path, fields: Sequence[str], *, tsv: bool
+    path: str | Path, fields: Sequence[str], settings: Sequence[str] | None, *, tsv: bool
 ) -> list[tuple[int, list[object]]]:
     text = io.StringIO(read_text(path), newline="")
     csv.field_size_limit(max(csv.field_size_limit(), FIELD_SIZE_LIMIT))
@@ -183,7 +193,10 @@ def _read_table(
                 continue
             if columns is None:
                 columns = [name.strip() for name in row]
-                positions = [_column_position(path, columns, field) for field in fields]
+                positions = [
+                    _column_position(path, columns, field, _another(settings, i))
+                    for i, field in enumerate(fields)
+                ]
                 continue
             if len(row) != len(columns):
                 hint = " (an unclosed quote?)" if any("\n" in value for value in row) else ""
@@ -196,15 +209,22 @@ def _read_table(
     return records
 
 
-def _column_position(path: str | Path, columns: list[str], field: str) -> int:
+def _column_position(path: str | Path, columns: list[str], field: str, another: str) -> int:
     if field not in columns:
         available = ", ".join(repr(_short_text(name)) for name in columns[:8])
         available += ", ..." if len(columns) > 8 else ""
-        raise DataError(path, f"missing column '{field}' (columns: {available})", line=1)
+        problem = f"missing column '{field}' (columns: {available}){another}"
+        raise DataError(path, problem, line=1)
     if columns.count(field) > 1:
         where = " and ".join(str(i) for i, name in enumerate(columns, start=1) if name == field)
         raise DataError(path, f"column '{field}' appears more than once (columns {where})", line=1)
     return columns.index(field)
+
+
+def _another(settings: Sequence[str] | None, i: int) -> str:
+    """The end of a missing field's error that names its setting: "; name another with
+    text_field=NAME"."""
+    return f"; name another with {settings[i]}=NAME" if settings else ""
 
 
 def _check_text(

@@ -77,16 +77,18 @@ class ClassificationData:
     labels: list[str] = field(default_factory=list)  # label names, filled from the data
 
     def read(
-        self, path: str | Path, known_labels: Collection[str] | None = None
+        self, path: str | Path, known_labels: Collection[str] | None = None, training: bool = True
     ) -> tuple[list[str], list[str]]:
         """(texts, labels) of a labelled file, by this data's fields; a text empty once
-        cleaned is refused (see `readers.read_labelled`)."""
+        cleaned is refused (see `readers.read_labelled`). A training file's missing field is
+        reported with the setting that names another."""
         return read_labelled(
             Path(path),
             text_field=self.text_field,
             label_field=self.label_field,
             known_labels=known_labels,
             clean=clean_text,
+            settable=training,
         )
 
     def check(self) -> None:
