@@ -153,6 +153,19 @@ def test_find_split_prefers_plain_then_gzip(tmp_path: Path) -> None:
     assert find_split(tmp_path, "train", "de") == tmp_path / "train.de"
 
 
+def test_find_split_takes_valid_and_dev_for_val(tmp_path: Path) -> None:
+    write(tmp_path / "dev.de", "x\n")
+    assert find_split(tmp_path, "val", "de") == tmp_path / "dev.de"
+    write(tmp_path / "valid.de.gz", gzip.compress(b"x\n"))
+    assert find_split(tmp_path, "val", "de") == tmp_path / "valid.de.gz"
+    write(tmp_path / "val.de", "x\n")
+    assert find_split(tmp_path, "val", "de") == tmp_path / "val.de"
+    with pytest.raises(
+        DataError, match=r"\(looked for val\.en, val\.en\.gz, valid\.en, .*dev\.en\.gz\)"
+    ):
+        find_split(tmp_path, "val", "en")
+
+
 def test_find_split_lists_what_it_looked_for(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"valid\.en, valid\.en\.gz"):
         find_split(tmp_path, "valid", "en")

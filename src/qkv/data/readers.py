@@ -33,13 +33,18 @@ def read_lines(path: str | Path, *, allow_empty: bool = False) -> list[str]:
     return [line for chunk in line_chunks(path, allow_empty=allow_empty) for line in chunk]
 
 
+SPLIT_NAMES = {"val": ("val", "valid", "dev")}
+"""Other names a split's files go by: validation files are `val`, `valid` or `dev`."""
+
+
 def find_split(data_dir: str | Path, split: str, lang: str) -> Path:
-    """The file of one side of a split ("train", "de"): the first of `{split}.{lang}` and
-    `{split}.{lang}.gz` in `data_dir` that exists."""
+    """The file of one side of a split ("train", "de"): the first of `{name}.{lang}` and
+    `{name}.{lang}.gz` in `data_dir` that exists, for each name of the split (`SPLIT_NAMES`)."""
     directory = Path(data_dir)
     if not directory.is_dir():
         raise DataError(directory, "not a directory")
-    candidates = [directory / f"{split}.{lang}", directory / f"{split}.{lang}.gz"]
+    names = SPLIT_NAMES.get(split, (split,))
+    candidates = [directory / f"{name}.{lang}{gz}" for name in names for gz in ("", ".gz")]
     for candidate in candidates:
         if candidate.is_dir():
             raise DataError(candidate, A_DIRECTORY)

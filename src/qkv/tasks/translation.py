@@ -52,7 +52,7 @@ from qkv.viz.curves import write_curves
 class TranslationData:
     """Where the parallel text is and how to turn it into tokens."""
 
-    data_dir: str = ""  # holds train.{src,tgt}[.gz] and val.{src,tgt}[.gz]
+    data_dir: str = ""  # holds train.{src,tgt}[.gz] and val (or valid, dev).{src,tgt}[.gz]
     src: str = "de"  # source language suffix
     tgt: str = "en"  # target language suffix
     vocab_size: int = 8000  # joint BPE vocabulary size
