@@ -44,7 +44,7 @@ def evaluate_classification(args: argparse.Namespace) -> int:
         raise ConfigError("evaluate on a classification run needs --data FILE")
     classifier = Classifier.load(args.run_dir, device_name(args))
     index = {name: i for i, name in enumerate(classifier.labels)}
-    texts, gold = classifier.data.read(args.data, known_labels=index, training=False)
+    texts, gold = classifier.data.read(args.data, known_labels=index, new_run=False)
     predicted = classifier.probabilities(texts).argmax(-1).tolist()
     scores = score_classification([index[g] for g in gold], predicted, classifier.labels)
     if args.json:

@@ -77,18 +77,18 @@ class ClassificationData:
     labels: list[str] = field(default_factory=list)  # label names, filled from the data
 
     def read(
-        self, path: str | Path, known_labels: Collection[str] | None = None, training: bool = True
+        self, path: str | Path, known_labels: Collection[str] | None = None, new_run: bool = True
     ) -> tuple[list[str], list[str]]:
         """(texts, labels) of a labelled file, by this data's fields; a text empty once
-        cleaned is refused (see `readers.read_labelled`). A training file's missing field is
-        reported with the setting that names another."""
+        cleaned is refused (see `readers.read_labelled`). A new run's file (`new_run`) that
+        lacks a field is reported with the setting that names another."""
         return read_labelled(
             Path(path),
             text_field=self.text_field,
             label_field=self.label_field,
             known_labels=known_labels,
             clean=clean_text,
-            settable=training,
+            settable=new_run,
         )
 
     def check(self) -> None:
@@ -235,7 +235,7 @@ def prepare(
     caches. A resumed run (`tokenizer` given) must find the text its cache holds."""
     new_run = tokenizer is None  # a cache found in run_dir was not made with its tokenizer
     cache_path = run_dir / CACHE_FILE
-    texts, labels = data.read(data.train_file)
+    texts, labels = data.read(data.train_file, new_run=new_run)
     digests = {"train": text_digest(texts, labels)}
     if not new_run:
         check_same_data(cache_path, {"train": (Path(data.train_file), digests["train"])})
@@ -258,7 +258,7 @@ def prepare(
             data.train_file, f"needs at least 2 labels{held_out}; it has only {shown(names)}"
         )
     if data.valid_file:  # an unknown label there is named with its line
-        valid_texts, valid_labels = data.read(data.valid_file, known_labels=names)
+        valid_texts, valid_labels = data.read(data.valid_file, names, new_run=new_run)
         digests["valid"] = text_digest(valid_texts, valid_labels)
         if not new_run:
             check_same_data(cache_path, {"valid": (Path(data.valid_file), digests["valid"])})
