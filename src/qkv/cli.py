@@ -16,15 +16,16 @@ from qkv.errors import QkvError, os_problem
 from qkv.export import QUANTIZATIONS
 
 
-class _HelpFormatter(argparse.HelpFormatter):
-    """Ends an option's help with "(default X)", unless it is a flag, has no default or says
-    it itself."""
+class _Parser(argparse.ArgumentParser):
+    """An `ArgumentParser` that ends an option's help with "(default X)", unless it is a flag,
+    has no default or says it itself (through public API: argparse's formatters are not)."""
 
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        if action.nargs == 0 or action.default in (None, argparse.SUPPRESS) or "default" in text:
-            return text
-        return f"{text} (default %(default)s)"
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        text, default = action.help or "", action.default
+        if action.nargs != 0 and default not in (None, argparse.SUPPRESS) and "default" not in text:
+            action.help = f"{text} (default %(default)s)"
+        return action
 
 
 def _command(
@@ -36,7 +37,7 @@ def _command(
     def run(args: argparse.Namespace) -> int:
         return int(importlib.import_module(f"qkv.commands.{name}").run(args))
 
-    parser = sub.add_parser(name, help=help, epilog=epilog, formatter_class=_HelpFormatter)
+    parser = sub.add_parser(name, help=help, epilog=epilog)
     parser.set_defaults(run=run, default=parser.get_default)
     if run_dir:
         parser.add_argument("run_dir", metavar="RUN")
@@ -90,7 +91,7 @@ def _add_decoding(parser: argparse.ArgumentParser, sampling: bool = False) -> No
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="qkv",
         description="The Transformer of 'Attention Is All You Need': train, run, look inside.",
     )
