@@ -1,5 +1,5 @@
-"""Helpers shared by the decoding tests: the reference decoder, the fixed-shape decoder with
-EOS made likelier, and what the searches found."""
+"""Helpers shared by the decoding tests: the reference decoder, a fast copy of a model, the
+`held` of a `select`, and what the searches found."""
 
 from __future__ import annotations
 
@@ -9,9 +9,7 @@ import torch
 from torch import Tensor
 
 from qkv import fast
-from qkv.data.special import EOS_ID
 from qkv.inference.beam import Hypothesis
-from qkv.inference.graphed import StaticDecoder
 from qkv.model.seq2seq import Seq2SeqTransformer
 
 
@@ -65,26 +63,6 @@ def shared_prefixes(history: Tensor, sources: Tensor, rows: Tensor) -> Tensor:
         same = (history[place] == history[row]).long()  # (t,)
         held.append(int(same.cumprod(0).sum()))
     return torch.tensor(held, dtype=torch.long)
-
-
-class EndingOften(StaticDecoder):
-    """A fixed-shape decoder whose logits favour EOS by `eos_bias`, so that hypotheses end at
-    many different steps."""
-
-    eos_bias = 0.0
-
-    def compute(self) -> Tensor:
-        logits = super().compute()  # (R, V)
-        logits[:, EOS_ID] += self.eos_bias
-        return logits
-
-
-def decoder(
-    model: Seq2SeqTransformer, src: Tensor, steps: int, rows: int, eos_bias: float = 0.0
-) -> EndingOften:
-    made = EndingOften(model, src, steps, rows, graph=False)
-    made.eos_bias = eos_bias
-    return made
 
 
 def tokens_of(found: list[list[Hypothesis]]) -> list[list[list[int]]]:

@@ -148,7 +148,8 @@ def test_files_reach_the_disk_before_the_rename(
     assert events == [
         "fsync step-0000003.tmp/model.safetensors",
         "fsync step-0000003.tmp/optimizer.safetensors",
-        "fsync step-0000003.tmp/",  # after state.json, written and fsync'ed in place
+        "fsync step-0000003.tmp/state.json",
+        "fsync step-0000003.tmp/",
         "rename step-0000003.tmp -> step-0000003",
         "fsync checkpoints/",
     ]
@@ -219,7 +220,8 @@ def test_damaged_checkpoint_is_reported_and_skipped(
     assert message in str(error.value)
     assert "\n" not in str(error.value)
     with pytest.raises(CheckpointError):
-        ckpt.load_checkpoint(bad, model(), None)
+        net = model()
+        ckpt.load_checkpoint(bad, net, torch.optim.AdamW(net.parameters()))
 
     found, problems = ckpt.latest_good_checkpoint(root)
     assert found == good

@@ -38,3 +38,20 @@ def test_without_tensorboard_only_jsonl(tmp_path: Path, monkeypatch: pytest.Monk
     log.write({"split": "train", "step": 2, "loss": 0.5})
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
     assert not (tmp_path / "tensorboard").exists()
+
+
+def test_only_the_main_process_writes_or_truncates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    for step in (1, 2, 3):
+        log.write({"split": "train", "step": step, "loss": 1.0})
+    before = log.path.read_text()
+    monkeypatch.setattr("qkv.training.metrics_log.is_main", lambda: False)
+    log.write({"split": "train", "step": 4, "loss": 1.0})
+    log.truncate_after(0)  # every rank resuming a run calls it; rank 0 alone acts
+    assert log.path.read_text() == before
+    monkeypatch.undo()
+    log.truncate_after(2)
+    assert [json.loads(line)["step"] for line in log.path.read_text().splitlines()] == [1, 2]

@@ -6,8 +6,8 @@ import os
 import sys
 from pathlib import Path
 
-from qkv.data.lines import decode_utf8, gunzip
-from qkv.data.readers import read_lines, split_lines
+from qkv.data.lines import decode_utf8, gunzip, split_lines
+from qkv.data.readers import read_lines
 from qkv.errors import DataError
 from qkv.training.checkpoint import atomic_write_text
 

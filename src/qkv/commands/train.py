@@ -16,7 +16,7 @@ from pathlib import Path
 from qkv import overrides
 from qkv.cli import given_options
 from qkv.errors import ConfigError
-from qkv.run import CONFIG_FILE, LOCK_FILE, RunConfig, run_lock
+from qkv.run import CONFIG_FILE, LOCK_FILE, TASKS, RunConfig, run_lock
 from qkv.training import distributed
 from qkv.training.trainer import Progress
 
@@ -66,7 +66,7 @@ def _run(args: argparse.Namespace) -> int:
                 "(data that moved: data_dir=, train_file= or valid_file=)"
             )
         return _resume(Path(args.resume), overrides.parse_pairs(args.overrides))
-    if args.task is not None and args.task not in ("translation", "classification"):
+    if args.task is not None and args.task not in TASKS:
         raise ConfigError(f"unknown task {args.task!r}: train translation or classification")
     if args.task is None or args.out is None:
         raise ConfigError("train needs a task (translation or classification) and --out RUN")

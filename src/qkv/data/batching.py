@@ -25,12 +25,9 @@ Row = Sequence[int] | np.ndarray  # one sequence of token ids: a list, or an int
 
 @dataclass(frozen=True)
 class _Batch:
-    def to(self: _B, device: torch.device | str, non_blocking: bool = False) -> _B:
+    def to(self: _B, device: torch.device | str) -> _B:
         """The same batch on `device`."""
-        moved = {
-            f.name: getattr(self, f.name).to(device, non_blocking=non_blocking)
-            for f in fields(self)
-        }
+        moved = {f.name: getattr(self, f.name).to(device) for f in fields(self)}
         return type(self)(**moved)
 
 

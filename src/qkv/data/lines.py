@@ -50,10 +50,7 @@ def gunzip(data: bytes, path: str | Path) -> bytes:
     """`data` decompressed if it is gzipped (by its magic bytes), else as it is."""
     if not data.startswith(GZIP_MAGIC):
         return data
-    try:
-        return gzip.decompress(data)
-    except (OSError, EOFError, zlib.error) as error:
-        raise DataError(path, f"corrupt or truncated gzip file ({error})") from None
+    return _read(path, lambda: gzip.decompress(data))
 
 
 def line_chunks(
@@ -71,9 +68,7 @@ def line_chunks(
                 text = text.removeprefix("\ufeff")
                 if not text:
                     raise DataError(path, "file is empty")
-            lines = split_text(text)
-            if first == 1 and len(raw) == 1 and not raw[0].endswith(b"\n") and "\r" in lines[0]:
-                raise DataError(path, CR_ALONE)
+            lines = split_lines(text, path) if first == 1 else split_text(text)
             if not allow_empty and (blank := _first_blank(lines)) is not None:
                 raise DataError(path, "empty line", line=first + blank)
             first += len(lines)
@@ -89,6 +84,15 @@ def split_text(text: str) -> list[str]:
     if lines[-1] == "":
         lines.pop()
     return [line.rstrip("\r") for line in lines]
+
+
+def split_lines(text: str, path: str | Path) -> list[str]:
+    """Lines of `text` (read from `path`) as `split_text` splits them (on "\\n" only); a
+    DataError if carriage returns alone end them."""
+    lines = split_text(text)
+    if "\n" not in text and len(lines) == 1 and "\r" in lines[0]:  # "\n"-ended: a CR inside
+        raise DataError(path, CR_ALONE)
+    return lines
 
 
 def read_text(path: str | Path) -> str:
@@ -122,15 +126,7 @@ def _first_blank(lines: list[str]) -> int | None:
 @contextmanager
 def _opened(path: str | Path) -> Iterator[io.BufferedIOBase]:
     """The file's bytes, gunzipped if they are gzipped (by their magic bytes)."""
-    try:
-        handle = open(path, "rb")  # noqa: SIM115 (closed below)
-    except FileNotFoundError:
-        raise DataError(path, NO_FILE) from None
-    except IsADirectoryError:
-        raise DataError(path, A_DIRECTORY) from None
-    except OSError as error:
-        raise DataError(path, f"cannot read file ({error.strerror or error})") from None
-    with handle:
+    with _read(path, lambda: open(path, "rb")) as handle:
         head = _read(path, lambda: handle.peek(2)[:2])
         if Path(path).suffix == ".gz" and head and head != GZIP_MAGIC:
             raise DataError(path, "name ends in .gz but the file is not gzip-compressed")
@@ -142,9 +138,14 @@ def _opened(path: str | Path) -> Iterator[io.BufferedIOBase]:
 
 
 def _read(path: str | Path, read: Callable[[], _T]) -> _T:
-    """`read()`, its errors as DataErrors (a truncated gzip stream shows only as it is read)."""
+    """`read()` (opening, reading or gunzipping), its errors as DataErrors (a truncated gzip
+    stream shows only as it is read)."""
     try:
         return read()
+    except FileNotFoundError:
+        raise DataError(path, NO_FILE) from None
+    except IsADirectoryError:
+        raise DataError(path, A_DIRECTORY) from None
     except (EOFError, zlib.error, gzip.BadGzipFile) as error:
         raise DataError(path, f"corrupt or truncated gzip file ({error})") from None
     except OSError as error:

@@ -11,16 +11,7 @@ import unicodedata
 from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
 
-from qkv.data.lines import (
-    A_DIRECTORY,
-    CR_ALONE,
-    NO_FILE,
-    count_lines,
-    is_blank,
-    line_chunks,
-    read_text,
-    split_text,
-)
+from qkv.data.lines import A_DIRECTORY, NO_FILE, count_lines, is_blank, line_chunks, read_text
 from qkv.errors import DataError
 
 LABELLED_FORMATS = (".jsonl", ".json", ".csv", ".tsv")
@@ -120,15 +111,6 @@ def read_texts(
     else:
         records = _read_records(path, (text_field,))
     return [_check_text(path, text, text_field, line, clean) for line, (text,) in records]
-
-
-def split_lines(text: str, path: str | Path) -> list[str]:
-    """Lines of `text` (read from `path`) as `split_text` splits them (on "\\n" only); a
-    DataError if carriage returns alone end them."""
-    lines = split_text(text)
-    if "\n" not in text and len(lines) == 1 and "\r" in lines[0]:  # "\n"-ended: a CR inside
-        raise DataError(path, CR_ALONE)
-    return lines
 
 
 def _format_suffix(path: Path) -> str:

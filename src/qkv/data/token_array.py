@@ -75,7 +75,7 @@ class TokenArray:
         lengths = np.fromiter(map(len, rows), dtype=OFFSETS_DTYPE, count=len(rows))
         offsets = np.concatenate([np.zeros(1, OFFSETS_DTYPE), np.cumsum(lengths)])  # (n + 1,)
         ids = np.concatenate(rows) if rows else np.zeros(0, IDS_DTYPE)  # (N,)
-        return cls(ids.astype(IDS_DTYPE), offsets)
+        return cls(ids, offsets)
 
     @property
     def on_disk(self) -> bool:

@@ -28,10 +28,10 @@ class DecodingWeights:
     def frozen(self) -> tuple[Seq2SeqTransformer, OutputLayer]:
         """The model with its decoder frozen and the frozen output layer."""
         with self._making:
-            if self._made is None and fast.applied(self.model):
-                self._made = frozen_for_decoding(self.model), OutputLayer(self.model.output)
-            elif self._made is None:
-                self._made = self.model, OutputLayer(self.model.output, fast=False)
+            if self._made is None:
+                made_fast = fast.applied(self.model)
+                frozen = frozen_for_decoding(self.model) if made_fast else self.model
+                self._made = frozen, OutputLayer(self.model.output, fast=made_fast)
             return self._made
 
 
@@ -50,7 +50,6 @@ class ModelDecoder:
     ) -> None:
         if weights is not None and weights.model is not model:
             raise ValueError("weights: the DecodingWeights of another model")
-        self.model = model
         weights = weights or DecodingWeights(model)
         frozen, output = weights.frozen()
         memory, src_mask, _ = frozen.encode(src_ids)  # (B, S, D), (B, 1, 1, S)

@@ -75,14 +75,15 @@ def replacing(path: Path) -> Iterator[Path]:
 def save_tensors(
     tensors: dict[str, Tensor], path: Path, metadata: dict[str, str] | None = None
 ) -> None:
-    """`safetensors.torch.save_file`, with the permissions `open` gives (it makes the file
-    readable by its owner only), so that a run can be shared like any other file."""
+    """`safetensors.torch.save_file`, fsync'ed, with the permissions `open` gives (it makes
+    the file readable by its owner only), so that a run can be shared like any other file."""
     try:
         save_file(tensors, str(path), metadata=metadata)
     except SafetensorError as error:  # a full disk, say
         reason = str(error).removeprefix("Error while serializing: ")
         raise CheckpointError(f"{path}: cannot write ({reason})") from None
     os.chmod(path, 0o666 & ~UMASK)
+    fsync_file(path)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -125,7 +126,6 @@ def save_weights(model: nn.Module, path: Path, metadata: dict[str, str] | None =
     tensors = model_tensors(model)
     with replacing(path) as tmp:
         save_tensors(tensors, tmp, {**(metadata or {}), DIGEST_KEY: tensors_digest(tensors)})
-        fsync_file(tmp)
 
 
 def load_weights(model: nn.Module, path: Path) -> None:
@@ -216,13 +216,9 @@ def save_checkpoint(
         save_tensors(model_tensors(model), tmp / "model.safetensors")
         save_tensors({**opt_tensors, **rng_tensors}, tmp / "optimizer.safetensors")
         files = {name: sha256(tmp / name) for name in CHECKED_FILES}
-        for name in files:
-            fsync_file(tmp / name)
         record = {"format_version": FORMAT_VERSION, "files": files, "optimizer": opt_plain}
-        with (tmp / STATE_FILE).open("w", encoding="utf-8") as handle:
-            json.dump(record | state, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
+        (tmp / STATE_FILE).write_text(json.dumps(record | state), encoding="utf-8")
+        fsync_file(tmp / STATE_FILE)
         fsync_dir(tmp)
     return directory
 
@@ -265,19 +261,18 @@ def update_progress(directory: Path, progress: dict[str, Any]) -> None:
 
 
 def load_checkpoint(
-    directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None
+    directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer
 ) -> tuple[dict[str, Any], dict[str, Tensor]]:
-    """Restore model (and optimizer) from a verified checkpoint; return its state and RNG."""
+    """Restore model and optimizer from a verified checkpoint; return its state and RNG."""
     record = verify_checkpoint(directory)
     load_weights(model, directory / "model.safetensors")
     extra, _ = read_safetensors(directory / "optimizer.safetensors")
     rng = {k.removeprefix("rng."): v for k, v in extra.items() if k.startswith("rng.")}
-    if optimizer is not None:
-        opt = {k: v for k, v in extra.items() if not k.startswith("rng.")}
-        try:
-            restore_optimizer(optimizer, opt, record["optimizer"])
-        except (KeyError, ValueError, TypeError, AttributeError, RuntimeError) as error:
-            raise CheckpointError(f"{directory}: optimizer state does not fit ({error})") from None
+    opt = {k: v for k, v in extra.items() if not k.startswith("rng.")}
+    try:
+        restore_optimizer(optimizer, opt, record["optimizer"])
+    except (KeyError, ValueError, TypeError, AttributeError, RuntimeError) as error:
+        raise CheckpointError(f"{directory}: optimizer state does not fit ({error})") from None
     return record, rng
 
 

@@ -43,7 +43,7 @@ class MetricsLog:
 
     def truncate_after(self, step: int) -> None:
         """Drop records newer than `step` (written after the checkpoint we resume from)."""
-        if not self.path.exists():
+        if not is_main() or not self.path.exists():
             return
         kept = []
         for line in self.path.read_text(encoding="utf-8").splitlines():

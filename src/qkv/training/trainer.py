@@ -150,8 +150,7 @@ class Trainer:
                 "(by steps) stay"
             )
             p.world_size = now
-        if distributed.is_main():
-            self.log.truncate_after(self.progress.step)
+        self.log.truncate_after(self.progress.step)
         print(f"resuming from {directory} (step {self.progress.step}, epoch {self.progress.epoch})")
 
     def train(self) -> Progress:

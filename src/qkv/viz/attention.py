@@ -6,10 +6,7 @@ no global state and needs no display. Shapes: `H` heads, `Tq` queries (rows), `T
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
-import uuid
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -24,6 +21,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from qkv.errors import ConfigError, DataError, QkvError, file_in_the_way
+from qkv.training.checkpoint import replacing
 
 DPI = 110
 MAX_COLUMNS = 4
@@ -200,18 +198,10 @@ def save_figure(figure: Figure, out_path: str | Path) -> Path:
     blocking = file_in_the_way(out_path.parent)
     if blocking is not None:
         raise DataError(out_path, f"cannot write: {blocking} is a file, not a directory")
-    # A unique sibling, so os.replace renames within one file system; open() rather than
-    # mkstemp, so the file gets the usual umask permissions.
-    temp_path = out_path.with_name(f".{out_path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         out_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(temp_path, "xb") as temp_file:
+        with replacing(out_path) as temp_path, open(temp_path, "wb") as temp_file:
             figure.savefig(temp_file, format=kind, dpi=DPI)
-        os.replace(temp_path, out_path)
-    except BaseException as error:
-        with contextlib.suppress(OSError):
-            temp_path.unlink(missing_ok=True)
-        if isinstance(error, OSError):
-            raise DataError(out_path, f"cannot write ({error.strerror or error})") from None
-        raise
+    except OSError as error:
+        raise DataError(out_path, f"cannot write ({error.strerror or error})") from None
     return out_path
