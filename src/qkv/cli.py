@@ -6,7 +6,9 @@ import argparse
 import importlib
 import json
 import os
+import signal
 import sys
+import threading
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -135,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     add = classify.add_argument
     text = "one text per line, or JSONL / CSV / TSV with the run's text field"
     add("--input", metavar="FILE", help=text)
+    add("--output", metavar="FILE", help="default stdout")
     add("--json", action="store_true", help="one JSON object per line")
     _add_device(classify)
 
@@ -186,6 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pairs = [item for item in extra if "=" in item and not item.startswith("-")]
     if unknown := [item for item in extra if not (args.command == "train" and item in pairs)]:
         reads_input = args.command in ("translate", "classify")  # from --input FILE or stdin
+        reads_input = reads_input and any(not item.startswith("-") for item in unknown)
         hint = " (give an input file with --input FILE)" if reads_input else ""
         parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
     args.overrides = pairs
@@ -193,6 +197,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     warnings.formatwarning = lambda message, *_a, **_k: f"warning: {message}\n"
+    previous = None  # SIGTERM stops a command as Ctrl-C does (`qkv serve` has its own way)
+    if args.command != "serve" and threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _interrupt) or signal.SIG_DFL
     try:
         return int(args.run(args))
     except QkvError as error:
@@ -211,6 +218,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as error:  # a path the user named cannot be made, read or written
         print(f"qkv: {os_problem(error)}", file=sys.stderr)
         return 2
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def given_options(args: argparse.Namespace, flags: Sequence[str]) -> list[str]:

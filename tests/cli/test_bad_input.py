@@ -222,6 +222,7 @@ def test_translate_reads_gzipped_stdin(
         (["--workers", "-1"], "workers must be >= 0"),
         (["--top-k", "5"], "--top-k is for --sample; without it qkv searches"),
         (["--beam", "1", "--temperature", "0.5"], "--temperature is for --sample"),
+        (["--seed", "5"], "--seed is for --sample"),
         (["--sample", "--beam", "3"], "--beam is for beam search, which --sample replaces"),
         (["--sample", "--alpha", "1"], "--alpha is for beam search"),
     ],

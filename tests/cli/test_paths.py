@@ -74,6 +74,21 @@ def test_classify_reads_the_runs_text_field(
     assert [line.split("\t")[0] in ("0", "1") for line in out.splitlines()] == [True] * 3
 
 
+def test_classify_writes_an_output_file(
+    review_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    texts = reviews(tmp_path / "t.jsonl", 3)
+    code, printed, err = qkv(capsys, "classify", review_run, "--input", texts)
+    assert code == 0, err
+    out = tmp_path / "labels" / "out.txt"
+    code, _, err = qkv(capsys, "classify", review_run, "--input", texts, "--output", out)
+    assert code == 2 and "cannot write (no directory" in err and not out.parent.exists()
+    out.parent.mkdir()
+    code, nothing, err = qkv(capsys, "classify", review_run, "--input", texts, "--output", out)
+    assert code == 0 and nothing == "", err
+    assert out.read_text(encoding="utf-8") == printed
+
+
 def test_the_confusion_matrix_lines_up_when_counts_are_wider_than_labels(
     review_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

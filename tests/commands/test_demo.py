@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ from matplotlib import image as mpimg
 from qkv.cli import main
 from qkv.commands import demo as demo_command
 from qkv.errors import ConfigError
-from qkv.tasks.demo import DemoExample, DemoResult, make_demo_data, run_demo
+from qkv.tasks.demo import DemoExample, DemoResult, check_out, make_demo_data, run_demo
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
@@ -94,9 +95,33 @@ def test_a_directory_that_is_not_a_run_is_never_removed(tmp_path: Path) -> None:
     keep = tmp_path / "run" / "notes.txt"
     keep.parent.mkdir()
     keep.write_text("mine", encoding="utf-8")
-    with pytest.raises(ConfigError, match="not a qkv run"):
+    with pytest.raises(ConfigError, match="run/, not a demo's run"):
         run_demo(tmp_path, minutes=0.01, echo=lambda _line: None)
     assert keep.read_text(encoding="utf-8") == "mine"
+
+
+def test_only_an_earlier_demo_is_replaced(demo_result: DemoResult, tmp_path: Path) -> None:
+    shutil.copytree(demo_result.paths["run"].parent, tmp_path / "demo")
+    check_out(tmp_path / "demo")  # a demo's own directory, moved: its run is replaced
+    check_out(tmp_path / "new")
+    (tmp_path / "empty" / "run").mkdir(parents=True)
+    check_out(tmp_path / "empty")
+
+    other = tmp_path / "other"  # another model, in a directory named run
+    shutil.copytree(demo_result.paths["run"], other / "run")
+    config = json.loads((other / "run" / "config.json").read_text(encoding="utf-8"))
+    config["model"]["d_ff"] *= 2
+    (other / "run" / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"\(run/, not a demo's run\)"):
+        check_out(other)
+    shutil.rmtree(other / "run")
+    (other / "data").mkdir()
+    (other / "data" / "corpus.de").write_text("mine", encoding="utf-8")
+    (other / "notes.txt").write_text("mine", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"\(notes.txt, data/corpus.de\); give a new or empty"):
+        run_demo(other, minutes=0.01, echo=lambda _line: None)
+    assert (other / "notes.txt").read_text(encoding="utf-8") == "mine"
+    assert sorted(path.name for path in (other / "data").iterdir()) == ["corpus.de"]
 
 
 def test_an_out_that_is_a_file_is_refused(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from qkv.cli import main
+from qkv.data.special import BOS_ID, EOS_ID, PAD_ID
 from qkv.errors import ConfigError
 from qkv.inference.translate import DecodeOptions, translate_hypotheses, translate_ids
 from qkv.inference.translator import Translator
@@ -108,6 +109,22 @@ def test_beam_search_with_a_length_penalty_agrees(run: Path) -> None:
     expected = translate_ids(translator.model, ids, options, cpu())
     found = engine.translate_ids(ids, options)
     assert sum(a == b for a, b in zip(found, expected, strict=True)) >= 0.9 * len(ids)
+
+
+def test_sampling_draws_from_the_filtered_distribution(run: Path) -> None:
+    """Sampling runs under qkv's options; keeping the top token alone (top-k 1, or a tiny
+    top-p) is greedy search. CTranslate2 draws from one random stream that its threads share,
+    so a seed does not repeat its samples as it does the PyTorch engine's."""
+    translator = Translator.load(run)
+    ids = sources(translator, run)
+    engine = CTranslate2Engine(cached_export(run, None), vocabulary(translator), cpu())
+    greedy = translate_ids(translator.model, ids, DecodeOptions(), cpu())
+    for narrow in (DecodeOptions(sampling=True, top_k=1), DecodeOptions(sampling=True, top_p=1e-6)):
+        assert engine.translate_ids(ids, narrow) == greedy
+    sampled = engine.translate_ids(ids, DecodeOptions(sampling=True, temperature=1.5, seed=3))
+    assert len(sampled) == len(ids) and sampled != greedy
+    tokens = {token for row in sampled for token in row}
+    assert tokens <= set(range(len(vocabulary(translator)))) - {PAD_ID, BOS_ID, EOS_ID}
 
 
 def test_int8_export_is_close(run: Path) -> None:

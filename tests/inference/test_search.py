@@ -319,6 +319,18 @@ def test_a_vanishing_temperature_samples_as_greedy_search_decodes(temperature: f
     assert sample(decoder, 6, max_lengths, temperature=temperature) == greedy
 
 
+@pytest.mark.parametrize("temperature", [3.5e38, 1e300])
+def test_a_temperature_beyond_the_dtype_draws_words_uniformly(temperature: float) -> None:
+    def flat(sentence: int, prefix: tuple[int, ...]) -> Tensor:
+        return torch.tensor([0.0, 0.0, -50.0, -1.0, -30.0])  # PAD, BOS, EOS, a, b
+
+    generator = torch.Generator().manual_seed(0)
+    decoder = ToyDecoder(flat, list(range(64)))
+    found = sample(decoder, 64, lengths(*[4] * 64), temperature=temperature, generator=generator)
+    tokens = [token for sentence in found for token in sentence]
+    assert set(tokens) == {TOK_A, TOK_B}  # words only, however unlikely: no NaN, no PAD
+
+
 def test_sample_never_draws_padding_or_bos() -> None:
     def mostly_padding(sentence: int, prefix: tuple[int, ...]) -> Tensor:
         return torch.tensor([0.0, -0.1, -3.0, -2.0, -2.0])  # PAD, BOS, EOS, a, b

@@ -88,7 +88,10 @@ def test_n_best_as_json_lines(
     [
         (["--n-best", "3"], "--n-best needs --json"),
         (["--quantize", "int8"], "--quantize is for --engine ctranslate2"),
-        (["--n-best", "6", "--json", "--beam", "4"], "n_best (6) exceeds the beam size (4)"),
+        (["--n-best", "6", "--json", "--beam", "4"], "n_best (6) must be between 1 and the beam"),
+        (["--n-best", "0", "--json", "--beam", "4"], "n_best (0) must be between 1 and the beam"),
+        (["--n-best", "-1", "--json"], "n_best (-1) must be between 1 and the beam size (5)"),
+        (["--n-best", "2", "--json", "--sample"], "n_best (2) needs beam search: sampling"),
     ],
 )
 def test_translate_refusals(

@@ -69,6 +69,8 @@ def test_translator_round_trip(tiny_run: Path) -> None:
         translator.translate("March 3, 2021", beam_size=1)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="must be strings, got NoneType"):
         translator.translate(["March 3, 2021", None], beam_size=1)  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="a list of strings, not NoneType"):
+        translator.translate(None, beam_size=1)  # type: ignore[arg-type]
 
 
 def test_translate_keeps_every_stdin_line_in_its_place(

@@ -16,11 +16,16 @@ from qkv.training.speed import pick_device, set_up_process, tune_allocator
 def test_auto_and_cpu() -> None:
     assert pick_device("cpu") == torch.device("cpu")
     assert pick_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert pick_device(torch.device("cpu")) == torch.device("cpu")
 
 
 @pytest.mark.parametrize(
     ("name", "message"),
-    [("tpu", "unknown device 'tpu'"), ("meta", "device=meta is not one qkv runs on")],
+    [
+        ("tpu", "unknown device 'tpu'"),
+        ("meta", "device=meta is not one qkv runs on"),
+        (None, "device must be auto, cpu, cuda or cuda:N, got None"),
+    ],
 )
 def test_devices_qkv_does_not_run_on_are_refused(name: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):

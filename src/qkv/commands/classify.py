@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from qkv.cli import device_name, print_json
-from qkv.commands.io import check_output, input_lines
+from qkv.commands.io import check_output, input_lines, write_lines
 from qkv.data.readers import is_blank, read_texts
 from qkv.errors import ConfigError, DataError
 
@@ -18,7 +18,7 @@ def run(args: argparse.Namespace) -> int:
     from qkv.inference.classifier import Classifier
     from qkv.tasks.classification import clean_text
 
-    check_output(None)  # stdout open
+    check_output(args.output)  # before the work, not after
     classifier = Classifier.load(args.run_dir, device_name(args))
     if args.input:
         field = classifier.data.text_field
@@ -27,12 +27,14 @@ def run(args: argparse.Namespace) -> int:
         texts = input_lines(None)
         if empty := [i + 1 for i, t in enumerate(texts) if is_blank(clean_text(t))]:
             raise DataError("<stdin>", "empty text (nothing but spaces or line breaks)", empty[0])
+    lines = []
     for text, (label, prob) in zip(texts, classifier.predict(texts), strict=True):
         if args.json:
             record = {"label": label, "probability": round(prob, 6), "text": text}
-            print(json.dumps(record, ensure_ascii=False))
+            lines.append(json.dumps(record, ensure_ascii=False))
         else:
-            print(f"{label}\t{prob:.4f}")
+            lines.append(f"{label}\t{prob:.4f}")
+    write_lines(args.output, lines)
     return 0
 
 

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from qkv.inference.translator import Hypothesis
 
 SEARCH_OPTIONS = ("--beam", "--alpha")
-SAMPLING_OPTIONS = ("--temperature", "--top-k", "--top-p")
+SAMPLING_OPTIONS = ("--temperature", "--top-k", "--top-p", "--seed")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -242,6 +242,8 @@ def texts_list(texts: Iterable[str], name: str) -> list[str]:
     TypeError for one string, or for anything but strings in it."""
     if isinstance(texts, str):
         raise TypeError(f"{name} must be a list of strings, not one string")
+    if not isinstance(texts, Iterable):
+        raise TypeError(f"{name} must be a list of strings, not {type(texts).__name__}")
     values = list(texts)
     if not all(isinstance(value, str) for value in values):
         kinds = sorted({type(value).__name__ for value in values if not isinstance(value, str)})

@@ -16,11 +16,11 @@ from typing import Any
 import torch
 
 from qkv.data.batching import token_budget_batches
-from qkv.data.special import EOS
+from qkv.data.special import BOS, EOS, PAD
 from qkv.errors import ConfigError
 from qkv.export.ctranslate2 import NOTE_FILE, export_run, import_ctranslate2, weights_digest
 from qkv.inference.beam import length_penalty
-from qkv.inference.translate import DecodeOptions, Found
+from qkv.inference.translate import DecodeOptions, Found, check_n_best
 from qkv.inference.translate import budgets as output_budgets
 from qkv.inference.workers import auto_workers
 
@@ -69,12 +69,13 @@ class CTranslate2Engine:
         with qkv's scores, in input order."""
         if options.bf16:
             raise ConfigError("bf16 is a torch-engine option; export with --quantize bfloat16")
-        if n_best > (1 if options.sampling else options.beam_size):
-            raise ConfigError(f"n_best ({n_best}) exceeds the beam size ({options.beam_size})")
+        check_n_best(n_best, options)
         lengths = torch.tensor([len(s) for s in sources], dtype=torch.long)
         budgets = output_budgets(lengths, options, self.max_len).tolist()
         todo = [i for i, s in enumerate(sources) if s and budgets[i] > 0]
         per_batch = max(options.max_tokens // options.beam_size, 1)
+        if options.sampling:  # one random stream for the process, in 32 bits
+            import_ctranslate2().set_random_seed(options.seed % 2**32)
         pending = []
         todo_lengths = [len(sources[i]) for i in todo]
         for batch in token_budget_batches(todo_lengths, per_batch, shuffle=False, seed=0, epoch=0):
@@ -109,7 +110,7 @@ class CTranslate2Engine:
                 sampling_topk=options.top_k,
                 sampling_topp=options.top_p,
                 sampling_temperature=options.temperature,
-                random_seed=options.seed,
+                suppress_sequences=[[PAD], [BOS]],  # as the PyTorch engine: words and EOS only
                 length_penalty=0.0,
                 **common,
             )

@@ -78,9 +78,11 @@ def sample(
             never = torch.tensor(ids, dtype=torch.long, device=logits.device)
         words = logits.index_fill(-1, never, -math.inf)  # (N, V)
         # The best shifted to 0 before dividing: a tiny temperature sends the rest to -inf,
-        # not the best to +inf (a NaN softmax); it is raised to the dtype's smallest normal.
-        lowest = max(temperature, torch.finfo(words.dtype).tiny)
-        scaled = (words - words.amax(dim=-1, keepdim=True)) / lowest  # (N, V)
+        # not the best to +inf (a NaN softmax); it is kept within the dtype's normal numbers
+        # (one beyond its largest would divide by inf: NaN again).
+        finfo = torch.finfo(words.dtype)
+        kept = min(max(temperature, finfo.tiny), finfo.max)
+        scaled = (words - words.amax(dim=-1, keepdim=True)) / kept  # (N, V)
         cdf = filter_logits(scaled, top_k, top_p).softmax(dim=-1).cumsum(dim=-1)  # (N, V)
         draws = [torch.rand(1, generator=streams[s]) for s in sentences.tolist()]
         uniform = torch.cat(draws).to(logits.device)  # (N,) in [0, 1), one per row's stream

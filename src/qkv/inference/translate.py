@@ -73,6 +73,19 @@ class DecodeOptions:
         check_sampling(self.temperature, self.top_k, self.top_p)
 
 
+def check_n_best(n_best: int, options: DecodeOptions) -> None:
+    """Raise ConfigError unless `n_best` is a count of hypotheses the search keeps: one when
+    sampling, up to the beam size for beam search."""
+    if not fits(n_best, int):
+        raise ConfigError(f"n_best must be int, got {n_best!r} ({type(n_best).__name__})")
+    if options.sampling and n_best != 1:
+        raise ConfigError(f"n_best ({n_best}) needs beam search: sampling keeps one translation")
+    if not 1 <= n_best <= options.beam_size:
+        raise ConfigError(
+            f"n_best ({n_best}) must be between 1 and the beam size ({options.beam_size})"
+        )
+
+
 Found = tuple[list[int], float]
 """A translation's target ids (no BOS/EOS) and its score: log-probability (EOS included) over
 the GNMT length penalty for beam search, the log-probability for greedy and sampled outputs."""
@@ -110,8 +123,7 @@ def translate_hypotheses(
     workers cannot decode or `n_best` wider than the beam.
     """
     check_workers(options.workers, device)
-    if n_best > (1 if options.sampling else options.beam_size):
-        raise ConfigError(f"n_best ({n_best}) exceeds the beam size ({options.beam_size})")
+    check_n_best(n_best, options)
     # Checked on the host: on a GPU an id out of range would leave the CUDA context unusable.
     vocab_size = model.config.vocab_size
     for number, sentence in enumerate(sources):

@@ -133,13 +133,9 @@ def run_demo(
         raise ConfigError("the demo needs at least one train, valid and test pair")
     training = demo_training(minutes, seed, eval_every)  # checks the seed before any work
     out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ConfigError(f"{out_dir} is a file; the demo writes into a directory")
+    check_out(out_dir)
     data_dir, run_dir = out_dir / DATA_DIR, out_dir / RUN_DIR
     if run_dir.exists():  # an earlier demo's: no stale cache or log may be reused
-        empty = run_dir.is_dir() and not any(run_dir.iterdir())
-        if not empty and not (run_dir / "config.json").is_file():
-            raise ConfigError(f"{run_dir} exists and is not a qkv run; choose another --out")
         shutil.rmtree(run_dir)
 
     echo(f"generating {n_train} training dates into {data_dir}")
@@ -156,6 +152,46 @@ def run_demo(
     curves = plot_curves(run_dir / "metrics.jsonl", out_dir / CURVES_FILE)
     paths = {"data": data_dir, "run": run_dir, "attention": attention, "curves": curves}
     return DemoResult(accuracy, scored[:n_examples], paths)
+
+
+def check_out(out_dir: Path) -> None:
+    """Refuses an `--out` that holds anything but what an earlier demo wrote there (which a
+    demo replaces), so that no other run or file is lost."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"{out_dir} is a file; the demo writes into a directory")
+    if not out_dir.is_dir():
+        return
+    ours = {DATA_DIR, RUN_DIR, ATTENTION_FILE, CURVES_FILE}
+    foreign = sorted(path.name for path in out_dir.iterdir() if path.name not in ours)
+    data_dir, run_dir = out_dir / DATA_DIR, out_dir / RUN_DIR
+    if data_dir.exists():
+        files = [f"{split}.{side}" for split in ("train", "val", "test") for side in ("src", "tgt")]
+        names = [path.name for path in data_dir.iterdir()] if data_dir.is_dir() else ["."]
+        foreign += sorted(f"{DATA_DIR}/{name}" for name in names if name not in files)
+    if run_dir.exists() and not _a_demo_run(run_dir):
+        foreign.append(f"{RUN_DIR}/, not a demo's run")
+    if foreign:
+        more = ", ..." if len(foreign) > 3 else ""
+        raise ConfigError(
+            f"{out_dir} holds what an earlier demo did not write ({', '.join(foreign[:3])}"
+            f"{more}); give a new or empty directory, or an earlier demo's"
+        )
+
+
+def _a_demo_run(run_dir: Path) -> bool:
+    """Whether `run_dir` is empty, or a run the demo trained (wherever it has moved since):
+    the demo's model on the demo's `src`/`tgt` files."""
+    from qkv.errors import QkvError
+    from qkv.run import RunConfig
+
+    if run_dir.is_dir() and not any(run_dir.iterdir()):
+        return True
+    try:
+        run = RunConfig.load(run_dir)
+    except QkvError:
+        return False
+    sides = (run.data.get("src"), run.data.get("tgt"))
+    return run.task == "translation" and run.model == demo_model() and sides == ("src", "tgt")
 
 
 def translate_held_out(run_dir: Path, pairs: list[tuple[str, str]]) -> list[DemoExample]:

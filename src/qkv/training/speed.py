@@ -43,9 +43,13 @@ def set_up_process(config: TrainConfig) -> None:
     torch.use_deterministic_algorithms(config.deterministic)
 
 
-def pick_device(name: str) -> torch.device:
+def pick_device(name: str | torch.device) -> torch.device:
     """The device named: "auto" means CUDA when available, else the CPU. Under torchrun, each
     rank on a machine takes its own GPU, cuda:LOCAL_RANK."""
+    if isinstance(name, torch.device):  # as torch takes it
+        name = str(name)
+    if not isinstance(name, str):
+        raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {name!r}")
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and launched() and torch.cuda.is_available():
