@@ -1,3 +1,4 @@
+import errno
 from pathlib import Path
 
 import numpy as np
@@ -105,3 +106,16 @@ def test_check_same_data_names_the_file_that_changed(tmp_path: Path) -> None:
     write_cache(path)  # written without digests: nothing to check
     check_same_data(path, {"train": (tmp_path / "t", "zz")})
     check_same_data(tmp_path / "absent.safetensors", {"train": (tmp_path / "t", "zz")})
+
+
+def test_a_full_disk_is_reported_with_the_cache_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(self: object, values: np.ndarray) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")  # as write() raises it
+
+    monkeypatch.setattr("qkv.data.cache._Part.write", full)
+    path = tmp_path / "cache" / "tokens.safetensors"
+    with pytest.raises(DataError, match=r"tokens.safetensors: cannot write \(No space left"):
+        write_cache(path)
+    assert list(path.parent.iterdir()) == []  # nothing half-written left

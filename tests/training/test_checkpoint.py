@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -16,7 +17,7 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file
 from torch import nn
 
-from qkv.errors import CheckpointError
+from qkv.errors import CheckpointError, os_problem
 from qkv.model.config import ModelConfig
 from qkv.run import TASKS, RunConfig
 from qkv.training import checkpoint as ckpt
@@ -424,6 +425,19 @@ def test_atomic_write_text_removes_its_temporary_file_on_failure(tmp_path: Path)
     with pytest.raises(OSError):
         ckpt.atomic_write_text(target, "text")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"] and target.is_dir()
+
+
+def test_atomic_write_text_names_the_file_a_full_disk_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(self: Path, text: str, encoding: str) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")  # as write() raises it
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(OSError) as error:
+        ckpt.atomic_write_text(tmp_path / "config.json", "{}")
+    assert os_problem(error.value) == f"{tmp_path / 'config.json'}: no space left on device"
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_atomic_write_text_writes_through_links_and_keeps_permissions(tmp_path: Path) -> None:

@@ -91,11 +91,16 @@ def atomic_write_text(path: Path, text: str) -> None:
     written through, and a replaced file keeps its permissions."""
     if path.is_symlink():
         path = path.resolve()
-    with replacing(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")
-        fsync_file(tmp)
-        if path.is_file():
-            os.chmod(tmp, path.stat().st_mode & 0o7777)
+    try:
+        with replacing(path) as tmp:
+            tmp.write_text(text, encoding="utf-8")
+            fsync_file(tmp)
+            if path.is_file():
+                os.chmod(tmp, path.stat().st_mode & 0o7777)
+    except OSError as error:
+        if error.filename is not None:
+            raise
+        raise OSError(error.errno, error.strerror, str(path)) from None  # a full disk: where
 
 
 def model_tensors(model: nn.Module) -> dict[str, Tensor]:
