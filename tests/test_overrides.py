@@ -42,6 +42,7 @@ def test_bad_values_are_explained(pair: str, message: str) -> None:
 def test_malformed_pairs() -> None:
     with pytest.raises(ConfigError, match="expected key=value"):
         overrides.parse_pairs(["lr"])
+    assert overrides.parse_pairs(["max_steps=5", "lr=1e-3", "max_steps=7"])["max_steps"] == "7"
 
 
 @pytest.mark.parametrize(
@@ -65,4 +66,13 @@ def test_an_unknown_setting_is_named_with_the_setting_it_is_likely_a_typo_of() -
     assert str(error.value) == (
         "unknown setting(s): colour, lowercas (did you mean lowercase?), "
         "n_head (did you mean n_heads?), warmpu (did you mean warmup?)"
+    )
+
+
+def test_an_option_given_as_a_setting_is_named_as_the_option() -> None:
+    values = {"out": "runs/a", "preset": "small"}
+    with pytest.raises(ConfigError) as error:
+        overrides.apply_all(TranslationData(), ModelConfig(), TrainConfig(), values)
+    assert str(error.value) == (
+        "unknown setting(s): out (did you mean --out?), preset (did you mean --preset?)"
     )

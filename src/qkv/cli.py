@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -205,18 +206,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except QkvError as error:
         from qkv.training.trainer import TrainingInterrupted
 
-        print(f"qkv: {error}", file=sys.stderr)
+        _say(f"qkv: {error}")
         return 130 if isinstance(error, TrainingInterrupted) else 2
     except KeyboardInterrupt:
-        print("qkv: interrupted", file=sys.stderr)
+        _say("qkv: interrupted")
         return 130
     except BrokenPipeError:  # the reader of stdout went away (`| head`)
         if args.command == "train":  # training had not begun (once begun, it stops itself)
-            print("qkv: stdout closed before training began", file=sys.stderr)
+            _say("qkv: stdout closed before training began")
             return 130
         return 0
     except OSError as error:  # a path the user named cannot be made, read or written
-        print(f"qkv: {os_problem(error)}", file=sys.stderr)
+        _say(f"qkv: {os_problem(error)}")
         return 2
     finally:
         if previous is not None:
@@ -225,6 +226,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
+
+
+def _say(line: str) -> None:
+    """A last line on stderr, unless its reader has gone too (`qkv train 2>&1 | head`)."""
+    with contextlib.suppress(OSError, ValueError):
+        print(line, file=sys.stderr, flush=True)
 
 
 def given_options(args: argparse.Namespace, flags: Sequence[str]) -> list[str]:

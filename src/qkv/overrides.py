@@ -17,7 +17,8 @@ V = TypeVar("V")
 
 
 def parse_pairs(pairs: list[str]) -> dict[str, str]:
-    """["lr=1e-3", "d_model=256"] -> {"lr": "1e-3", "d_model": "256"}."""
+    """["lr=1e-3", "d_model=256"] -> {"lr": "1e-3", "d_model": "256"}; the last of a key wins,
+    as the last of an option does."""
     out: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -74,12 +75,16 @@ def apply_all(data: T, model: U, train: V, values: dict[str, str]) -> tuple[T, U
     return data, model, train
 
 
+FLAGS = ("out", "preset", "resume")
+"""`qkv train`'s options, given by mistake as settings (`out=RUN`)."""
+
+
 def unknown_settings(unknown: Iterable[str], known: Iterable[str]) -> ConfigError:
     """The error for settings no config has, each with the known name it is likely a typo of:
     "unknown setting(s): d_modle (did you mean d_model?)"."""
     known = list(known)
     named = []
     for key in sorted(unknown):
-        near = difflib.get_close_matches(key, known, n=1)
+        near = [f"--{key}"] if key in FLAGS else difflib.get_close_matches(key, known, n=1)
         named.append(f"{key} (did you mean {near[0]}?)" if near else key)
     return ConfigError(f"unknown setting(s): {', '.join(named)}")

@@ -132,6 +132,11 @@ def test_resume_refuses_what_belongs_to_a_new_run(
     assert code == 2 and f"so {given} does not apply" in err, err
 
 
+def test_an_empty_out_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = qkv(capsys, "train", "translation", "--data", TRANSLATION, "--out", " ")
+    assert code == 2 and err == "qkv: --out is empty; name the directory of the run\n", err
+
+
 def test_resume_names_an_unknown_setting_as_unknown(
     capsys: pytest.CaptureFixture[str], run: Path
 ) -> None:
@@ -140,6 +145,8 @@ def test_resume_names_an_unknown_setting_as_unknown(
     assert err == "qkv: unknown setting(s): max_step (did you mean max_steps?), zzz\n", err
     code, err = qkv(capsys, "train", "--resume", run, "d_model=8")
     assert code == 2 and "only training settings and the data's places can change" in err
+    code, err = qkv(capsys, "train", "--resume", run, "lr")
+    assert code == 2 and err == "qkv: expected key=value, got 'lr'\n", err
 
 
 def test_a_new_run_is_not_made_among_other_files(

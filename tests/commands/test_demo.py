@@ -124,6 +124,13 @@ def test_only_an_earlier_demo_is_replaced(demo_result: DemoResult, tmp_path: Pat
     assert sorted(path.name for path in (other / "data").iterdir()) == ["corpus.de"]
 
 
+def test_an_empty_out_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="--out is empty"):
+        run_demo("", minutes=0.01, echo=lambda _line: None)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_an_out_that_is_a_file_is_refused(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("mine", encoding="utf-8")
     with pytest.raises(ConfigError, match="is a file; the demo writes into a directory"):

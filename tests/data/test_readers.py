@@ -169,8 +169,11 @@ def test_find_split_takes_valid_and_dev_for_val(tmp_path: Path) -> None:
 def test_find_split_lists_what_it_looked_for(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"valid\.en, valid\.en\.gz"):
         find_split(tmp_path, "valid", "en")
-    with pytest.raises(DataError, match="not a directory"):
+    with pytest.raises(DataError, match="nowhere: no such directory"):
         find_split(tmp_path / "nowhere", "valid", "en")
+    (tmp_path / "file").write_text("text\n")
+    with pytest.raises(DataError, match="file: not a directory"):
+        find_split(tmp_path / "file", "valid", "en")
 
 
 def test_read_parallel(tmp_path: Path) -> None:

@@ -55,3 +55,11 @@ def test_only_the_main_process_writes_or_truncates(
     monkeypatch.undo()
     log.truncate_after(2)
     assert [json.loads(line)["step"] for line in log.path.read_text().splitlines()] == [1, 2]
+
+
+def test_truncation_drops_the_warnings_a_run_end_writes_again(tmp_path: Path) -> None:
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    log.write({"split": "valid", "step": 5, "bleu": 1.0})
+    log.write({"split": "warnings", "step": 5, "warnings": ["the run ended within warm-up"]})
+    log.truncate_after(5)  # a finished run resumed: its end warns again if it still should
+    assert [json.loads(line)["split"] for line in log.path.read_text().splitlines()] == ["valid"]

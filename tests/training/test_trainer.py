@@ -304,6 +304,15 @@ def test_finished_run_resumed_with_a_larger_budget_goes_on_exactly(
     assert_same_weights(weights(resumed), weights(reference))
 
 
+def test_a_budget_already_passed_is_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    train(tmp_path, max_steps=6)
+    capsys.readouterr()
+    assert train(tmp_path, resume=True, max_steps=3).progress.step == 6
+    assert "note: the run is at step 6, past max_steps=3: no training" in capsys.readouterr().out
+
+
 def test_a_resumed_run_takes_its_new_optimiser_settings(tmp_path: Path) -> None:
     train(tmp_path, max_steps=6)
     resumed = Trainer(ToyTask(), config(beta1=0.5, beta2=0.7, weight_decay=0.25), tmp_path, CPU)
@@ -334,6 +343,23 @@ def test_early_stopped_run_stays_stopped(tmp_path: Path) -> None:
     stopped = train(tmp_path, NeverBetter(), patience=2)
     assert stopped.progress.done and stopped.progress.step == 9  # best at 3; 6, 9 no better
     assert train(tmp_path, resume=True, patience=2).progress.step == 9
+
+
+def test_a_finished_run_resumed_without_its_best_weights_writes_them_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    finished = train(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    capsys.readouterr()
+    resumed = train(tmp_path, resume=True)
+    assert "model.safetensors is missing" in capsys.readouterr().out
+    assert resumed.progress.step == finished.progress.step == 12
+    assert resumed.progress.best == resumed.progress.history[-1]["score"]
+    written = ToyTask().model
+    ckpt.load_weights(written, tmp_path / "model.safetensors")  # the last step's weights
+    assert_same_weights(written.state_dict(), weights(finished))
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["split"] == "valid"] == [3, 6, 9, 12, 12]
 
 
 def test_resume_refuses_when_weights_exist_but_no_checkpoint(tmp_path: Path) -> None:

@@ -59,6 +59,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.task is not None and "=" in args.task:  # a key=value, not a task
         args.overrides, args.task = [args.task, *args.overrides], None
     if args.resume:
+        if args.task is not None and args.task not in TASKS:  # a word in place of a setting
+            raise ConfigError(f"expected key=value, got {args.task!r}")
         flags = ("task", "--out", "--preset", *FLAG_SETTINGS["translation"])
         if given := given_options(args, (*flags, *FLAG_SETTINGS["classification"])):
             raise ConfigError(
@@ -70,6 +72,8 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError(f"unknown task {args.task!r}: train translation or classification")
     if args.task is None or args.out is None:
         raise ConfigError("train needs a task (translation or classification) and --out RUN")
+    if not args.out.strip():
+        raise ConfigError("--out is empty; name the directory of the run")
     other = "classification" if args.task == "translation" else "translation"
     if given := given_options(args, tuple(FLAG_SETTINGS[other])):
         raise ConfigError(f"{given[0]} is for {other}, not {args.task}")

@@ -104,11 +104,10 @@ class TokenCacheWriter(contextlib.ExitStack):
         self.callback(shutil.rmtree, self.work, ignore_errors=True)  # once the parts are closed
         self.parts: dict[str, _Part] = {}  # by tensor: "train.src.offsets", "train.src.ids"
 
-    def __exit__(self, kind: Any, error: Any, traceback: Any) -> bool:
+    def __exit__(self, kind: Any, error: Any, traceback: Any) -> None:
         super().__exit__(kind, error, traceback)  # the parts removed
         if isinstance(error, OSError) and error.filename is None:  # a full disk, say
             raise DataError(self.path, f"cannot write ({error.strerror or error})") from None
-        return False
 
     def append(self, name: str, ids: np.ndarray, lengths: np.ndarray) -> None:
         """Adds rows to array `name`: their ids, flat (N,), and their lengths (n,)."""

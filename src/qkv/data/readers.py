@@ -33,7 +33,7 @@ def find_split(data_dir: str | Path, split: str, lang: str) -> Path:
     `{name}.{lang}.gz` in `data_dir` that exists, for each name of the split (`SPLIT_NAMES`)."""
     directory = Path(data_dir)
     if not directory.is_dir():
-        raise DataError(directory, "not a directory")
+        raise DataError(directory, "not a directory" if directory.exists() else "no such directory")
     names = SPLIT_NAMES.get(split, (split,))
     candidates = [directory / f"{name}.{lang}{gz}" for name in names for gz in ("", ".gz")]
     for candidate in candidates:

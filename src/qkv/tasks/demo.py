@@ -132,6 +132,8 @@ def run_demo(
     if min(n_train, n_valid, n_test) < 1:
         raise ConfigError("the demo needs at least one train, valid and test pair")
     training = demo_training(minutes, seed, eval_every)  # checks the seed before any work
+    if not str(out_dir).strip():  # not the current directory
+        raise ConfigError("--out is empty; name the directory to write the demo into")
     out_dir = Path(out_dir)
     check_out(out_dir)
     data_dir, run_dir = out_dir / DATA_DIR, out_dir / RUN_DIR

@@ -42,7 +42,8 @@ class MetricsLog:
             return None
 
     def truncate_after(self, step: int) -> None:
-        """Drop records newer than `step` (written after the checkpoint we resume from)."""
+        """Drop records newer than `step` (written after the checkpoint we resume from), and
+        the warnings of a finished run, which its end writes again."""
         if not is_main() or not self.path.exists():
             return
         kept = []
@@ -50,6 +51,8 @@ class MetricsLog:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict) and record.get("split") == "warnings":
                 continue
             if isinstance(record, dict) and record.get("step", 0) <= step:
                 kept.append(line)

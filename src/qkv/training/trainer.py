@@ -140,7 +140,16 @@ class Trainer:
             raise CheckpointError(f"{directory}: training state unreadable ({error})") from None
         # A run that stopped on its budget goes on when resumed with a larger one.
         c, p = self.config, self.progress
+        missing: bool = distributed.from_main(not weights.exists())  # deleted since?
+        if p.history and missing:
+            print(
+                f"warning: {weights} is missing: its score ({p.best:.4g}) is forgotten, and "
+                "the next validation writes the weights again"
+            )
+            p.best, p.evals_since_best = -math.inf, 0
         p.done = self.should_stop() or bool(c.patience and p.evals_since_best >= c.patience)
+        if c.max_steps and p.step > c.max_steps:
+            print(f"note: the run is at step {p.step}, past max_steps={c.max_steps}: no training")
         if (was := p.world_size) != (now := self.world):  # a note on what changes
             print(
                 f"note: the checkpoint was trained by {was} process(es), this run has {now}: a "
@@ -195,7 +204,8 @@ class Trainer:
                 if not p.done:
                     p.epoch, p.batch_index = p.epoch + 1, 0
             bar.close()
-            unvalidated = not p.history or p.history[-1]["step"] != p.step
+            # A finished run resumed without its best weights validates once more to write them.
+            unvalidated = not p.history or p.history[-1]["step"] != p.step or p.best == -math.inf
             stop = self.agree(received)
             if stop and unvalidated:  # during the last step: its checkpoint, no validation
                 self.save()
@@ -398,11 +408,11 @@ class Trainer:
                 ckpt.save_weights(self.model, self.run_dir / "model.safetensors")
         else:
             p.evals_since_best += 1
-            if c.patience and p.evals_since_best >= c.patience:
-                print(f"early stopping: no better {self.task.metric} for {c.patience} validations")
-                p.done = True
         summary = " ".join(f"{k} {v:.4g}" for k, v in metrics.items())
         tqdm.write(f"step {p.step} valid: {summary} (best {p.best:.4g} at step {p.best_step})")
+        if c.patience and p.evals_since_best >= c.patience:
+            tqdm.write(f"early stopping: no better {self.task.metric} for {c.patience} validations")
+            p.done = True
         self.save()
 
     def finish(self) -> None:
