@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+import stat
 from pathlib import Path
 
 import pytest
@@ -11,10 +13,11 @@ from safetensors.torch import load_file, save_file
 
 from qkv.cli import main
 from qkv.data.special import BOS_ID, EOS_ID, PAD_ID
-from qkv.errors import ConfigError
+from qkv.errors import CheckpointError, ConfigError
 from qkv.inference.translate import DecodeOptions, translate_hypotheses, translate_ids
 from qkv.inference.translator import Translator
 from qkv.model import ModelConfig, Seq2SeqTransformer
+from qkv.training.checkpoint import UMASK
 from tests.tasks.helpers import write_dates
 
 pytest.importorskip("ctranslate2", reason="the deploy extra (ctranslate2) is not installed")
@@ -154,6 +157,34 @@ def test_the_cached_export_is_reused_until_the_weights_change(run: Path, tmp_pat
     assert note["run"] == str(copy.resolve())
     assert (again / "model.bin").stat().st_mtime_ns != made
     assert [p.name for p in (copy / "ctranslate2").iterdir()] == ["float32"]  # no temp dirs
+
+
+def test_a_damaged_cached_export_is_made_again_or_named(run: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("ctranslate2", "checkpoints"))
+    first = cached_export(copy, None)
+    (first / NOTE_FILE).unlink()  # qkv's own directory: converted again
+    assert (cached_export(copy, None) / NOTE_FILE).is_file()
+    with open(first / "model.bin", "r+b") as model:
+        model.truncate(1000)
+    with pytest.raises(CheckpointError, match=r"CTranslate2 cannot load it .*; delete it to"):
+        CTranslate2Engine(cached_export(copy, None), [], cpu())
+
+
+def test_an_export_is_replaced_whole_through_links_and_readable_by_all(
+    run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "empty").mkdir()
+    out = export_run(run, tmp_path / "empty")
+    assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~UMASK
+    (tmp_path / "link").symlink_to(out)
+    export_run(run, tmp_path / "link", "int8")
+    assert json.loads((out / NOTE_FILE).read_text())["quantize"] == "int8"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "link"]  # no temp dirs
+    monkeypatch.chdir(out)
+    with pytest.raises(ConfigError, match="is the current directory; name it from its parent"):
+        export_run(run, Path("."))
+    assert (out / "model.bin").is_file()
 
 
 def test_refusals_are_one_line(run: Path, tmp_path: Path) -> None:

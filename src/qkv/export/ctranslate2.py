@@ -26,7 +26,7 @@ from qkv.errors import ConfigError, QkvError
 from qkv.export import QUANTIZATIONS
 from qkv.model.seq2seq import Seq2SeqTransformer
 from qkv.run import WEIGHTS_FILE, RunConfig, load_run_weights, load_tokenizer
-from qkv.training.checkpoint import sha256
+from qkv.training.checkpoint import UMASK, sha256
 
 NOTE_FILE = "qkv_export.json"
 
@@ -51,7 +51,8 @@ def export_run(run_dir: Path, out_dir: Path, quantize: str | None = None) -> Pat
     """Convert the translation run in `run_dir` into a CTranslate2 model directory `out_dir`.
 
     Written next to `out_dir` first and renamed into place, so an interrupted export leaves
-    nothing half-written. An existing `out_dir` is replaced only if it holds an export.
+    nothing half-written. An existing `out_dir` is replaced only if it is empty or holds an
+    export, which stays until the new one takes its place.
     """
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise ConfigError(f"--quantize must be one of {', '.join(QUANTIZATIONS)}, got {quantize!r}")
@@ -59,8 +60,12 @@ def export_run(run_dir: Path, out_dir: Path, quantize: str | None = None) -> Pat
     config = RunConfig.load(run_dir)
     if config.task != "translation":
         raise ConfigError(f"{run_dir}: a {config.task} run; only translation runs export")
-    if out_dir.exists() and not (out_dir / NOTE_FILE).is_file():
-        raise ConfigError(f"{out_dir} exists and is not a qkv export; choose another directory")
+    given, out_dir = out_dir, out_dir.resolve()  # a link's target; "." beside its parent
+    if out_dir == Path.cwd():
+        raise ConfigError(f"{given} is the current directory; name it from its parent")
+    empty = out_dir.is_dir() and not any(out_dir.iterdir())
+    if out_dir.exists() and not empty and not (out_dir / NOTE_FILE).is_file():
+        raise ConfigError(f"{given} exists and is not a qkv export; choose another directory")
     model = Seq2SeqTransformer(config.model)
     load_run_weights(model, run_dir)
     vocabulary = _vocabulary(run_dir, config.model.vocab_size)
@@ -69,6 +74,7 @@ def export_run(run_dir: Path, out_dir: Path, quantize: str | None = None) -> Pat
     spec.optimize(quantization=quantize)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    old = tmp.with_name(tmp.name + ".old")
     try:
         spec.save(str(tmp))
         note = {
@@ -80,12 +86,19 @@ def export_run(run_dir: Path, out_dir: Path, quantize: str | None = None) -> Pat
             "max_len": config.model.max_len,
         }
         (tmp / NOTE_FILE).write_text(json.dumps(note, indent=2) + "\n")
+        os.chmod(tmp, 0o777 & ~UMASK)  # as a directory is made, not mkdtemp's owner-only
         if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
+            os.replace(out_dir, old)
+        try:
+            os.replace(tmp, out_dir)
+        except OSError:
+            if old.exists():
+                os.replace(old, out_dir)  # the export replaced, back in its place
+            raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return out_dir
+        shutil.rmtree(old, ignore_errors=True)
+    return given
 
 
 def _vocabulary(run_dir: Path, vocab_size: int) -> list[str]:

@@ -10,6 +10,7 @@ sentence whose search reached its own shorter budget is decoded again alone unde
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import torch
 
 from qkv.data.batching import token_budget_batches
 from qkv.data.special import BOS, EOS, PAD
-from qkv.errors import ConfigError
+from qkv.errors import CheckpointError, ConfigError
 from qkv.export.ctranslate2 import NOTE_FILE, export_run, import_ctranslate2, weights_digest
 from qkv.inference.beam import length_penalty
 from qkv.inference.translate import DecodeOptions, Found, check_n_best
@@ -36,6 +37,10 @@ def cached_export(run_dir: Path, quantize: str | None) -> Path:
                 return out
         except (ValueError, KeyError, TypeError):
             pass  # a damaged note: export again
+    elif out.is_dir() and not out.is_symlink():  # qkv's own, its note lost: made again
+        shutil.rmtree(out)
+    elif out.exists() or out.is_symlink():
+        out.unlink()
     return export_run(run_dir, out, quantize)
 
 
@@ -51,12 +56,18 @@ class CTranslate2Engine:
         self.max_len = int(json.loads((model_dir / NOTE_FILE).read_text())["max_len"])
         replicas = auto_workers(0, device)
         self.replicas = replicas
-        self.translator = ct2.Translator(
-            str(model_dir),
-            device=device.type,
-            inter_threads=replicas,
-            intra_threads=max(1, torch.get_num_threads() // replicas),
-        )
+        try:
+            self.translator = ct2.Translator(
+                str(model_dir),
+                device=device.type,
+                inter_threads=replicas,
+                intra_threads=max(1, torch.get_num_threads() // replicas),
+            )
+        except (RuntimeError, ValueError) as error:  # a damaged model.bin, say
+            raise CheckpointError(
+                f"{model_dir}: CTranslate2 cannot load it ({error}); delete it to convert the "
+                "run again"
+            ) from None
 
     def translate_ids(self, sources: list[list[int]], options: DecodeOptions) -> list[list[int]]:
         """The best translation of each source; see `translate_hypotheses`."""
