@@ -166,6 +166,15 @@ def test_concurrent_requests_decode_together_and_each_gets_its_own(
     assert [score for a in answers for score in scores(a)] == pytest.approx(expected, rel=1e-5)
 
 
+def test_a_sampled_request_gets_what_it_gets_alone(url: str) -> None:
+    body = {"sampling": True, "temperature": 2.0, "seed": 5}
+    alone = [post(url, "/translate", {"texts": [d], **body}).json() for d in DATES]
+    with ThreadPoolExecutor(len(DATES) * 2) as pool:
+        bodies = [{"texts": [d], **body} for d in DATES * 2]
+        answers = list(pool.map(lambda b: post(url, "/translate", b).json(), bodies))
+    assert [texts(a) for a in answers] == [texts(a) for a in alone * 2]
+
+
 def texts(answer: dict[str, Any]) -> list[list[str]]:
     """The translations (and their tokens) of an answer, by text, best first."""
     return [[json.dumps([h["text"], h["tokens"]]) for h in r["n_best"]] for r in answer["results"]]

@@ -155,11 +155,36 @@ def test_serve_drains_requests_in_flight_on_sigterm(translation_run: Path) -> No
         server.wait()
 
 
-def test_serve_refuses_a_bad_port(
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--port", "70000"], "--port must be between 1 and 65535"),
+        (["--threads", "-2"], "--threads must be 0 (torch's default) or more, got -2"),
+        (["--window-ms", "1e9"], "--window-ms must be between 0 and 1000"),
+        (["--window-ms", "nan"], "--window-ms must be between 0 and 1000"),
+        (["--batch-tokens", "0"], "--batch-tokens must be at least 1, got 0"),
+        (["--max-body", "0"], "--max-body must be at least 1, got 0"),
+        (["--host", "192.0.2.1"], "cannot listen on 192.0.2.1:8000"),  # not this machine
+    ],
+)
+def test_serve_refuses_bad_options_in_one_line(
+    translation_run: Path, capsys: pytest.CaptureFixture[str], options: list[str], message: str
+) -> None:
+    assert main(["serve", str(translation_run), *options]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+
+
+def test_serve_refuses_a_port_in_use_before_it_says_it_serves(
     translation_run: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["serve", str(translation_run), "--port", "70000"]) == 2
-    assert "--port must be between 1 and 65535" in capsys.readouterr().err
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        assert main(["serve", str(translation_run), "--port", port]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and f"cannot listen on 127.0.0.1:{port}" in captured.err
 
 
 def test_a_ctranslate2_model_gathers_a_batch_while_another_decodes(translation_run: Path) -> None:

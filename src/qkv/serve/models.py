@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Hashable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,6 +31,8 @@ class TranslateOptions:
     top_k: int
     top_p: float
     seed: int
+    alone: int = 0  # a sampled request's own number: its lines' random streams follow their
+    # places in the request, which a batch shared with others would shift
 
     @classmethod
     def of(cls, request: TranslateRequest) -> TranslateOptions:
@@ -37,8 +40,13 @@ class TranslateOptions:
             raise RequestError(422, "n_best", "n_best must be 1 when sampling")
         if not request.sampling and request.n_best > request.beam:
             raise RequestError(422, "n_best", f"n_best ({request.n_best}) exceeds beam")
-        fields = {name: getattr(request, name) for name in cls.__dataclass_fields__}
-        return cls(**fields)
+        fields = {
+            name: getattr(request, name) for name in cls.__dataclass_fields__ if name != "alone"
+        }
+        return cls(**fields, alone=next(_SAMPLED) if request.sampling else 0)
+
+
+_SAMPLED = itertools.count(1)
 
 
 class ServedTranslator:
