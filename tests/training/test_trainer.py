@@ -281,6 +281,16 @@ def test_averaging_leaves_out_a_bad_checkpoint(
     assert resumed.progress.step == 12
 
 
+def test_a_signal_during_the_final_averaging_is_said_once_it_is_done(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = train(tmp_path, SignalOnValidation(5, signal.SIGINT), average_last=3)  # 3, 6, 9, 12
+    assert run.progress.step == 12 and run.task.validations == 5  # type: ignore[attr-defined]
+    out = capsys.readouterr().out
+    assert "average of last 3 checkpoints" in out
+    assert "note: SIGINT received during the final averaging, finished first" in out
+
+
 def test_resume_before_the_first_checkpoint_starts_over(
     reference: Trainer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -215,6 +215,8 @@ class Trainer:
             if stop:  # before or during the final validation: the averaging is left to do
                 raise self.interrupted(stop, "finish")
             self.finish()
+            if received:  # the run is whole: nothing is left to resume
+                tqdm.write(f"note: {received[0]} during the final averaging, finished first")
             self.report_waste()
         return p
 
