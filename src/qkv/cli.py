@@ -7,9 +7,7 @@ import contextlib
 import importlib
 import json
 import os
-import signal
 import sys
-import threading
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -17,6 +15,7 @@ from typing import Any
 from qkv import __version__
 from qkv.errors import QkvError, os_problem
 from qkv.export import QUANTIZATIONS
+from qkv.training.signals import sigterm_as_ctrl_c
 
 
 class _Parser(argparse.ArgumentParser):
@@ -198,11 +197,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     warnings.formatwarning = lambda message, *_a, **_k: f"warning: {message}\n"
-    previous = None  # SIGTERM stops a command as Ctrl-C does (`qkv serve` has its own way)
-    if args.command != "serve" and threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _interrupt) or signal.SIG_DFL
+    # SIGTERM stops a command as Ctrl-C does (`qkv serve` has its own way, which drains).
+    stopping = contextlib.nullcontext() if args.command == "serve" else sigterm_as_ctrl_c()
     try:
-        return int(args.run(args))
+        with stopping:
+            return int(args.run(args))
     except QkvError as error:
         from qkv.training.trainer import TrainingInterrupted
 
@@ -219,13 +218,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as error:  # a path the user named cannot be made, read or written
         _say(f"qkv: {os_problem(error)}")
         return 2
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 def _say(line: str) -> None:

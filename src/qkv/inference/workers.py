@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import os
-import signal
-import threading
 import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -14,6 +12,7 @@ from typing import TypeVar
 import torch
 
 from qkv.errors import ConfigError
+from qkv.training.signals import sigterm_as_ctrl_c
 
 Result = TypeVar("Result")
 
@@ -77,18 +76,10 @@ def map_in_workers(job: Callable[[int], Result], count: int, workers: int) -> It
         initializer=torch.set_num_threads,
         initargs=(max(1, threads // workers),),
     )
-    previous = None  # SIGTERM handled as Ctrl-C meanwhile (Python's signals: main thread only)
-    if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        yield from pool.map(in_mode, range(split))
+        with sigterm_as_ctrl_c():  # stops as Ctrl-C does, once the jobs under way end
+            yield from pool.map(in_mode, range(split))
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
         torch.set_num_threads(threads)  # torch keeps the last count set as its default
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
     yield from map(job, range(split, count))
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt

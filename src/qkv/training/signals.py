@@ -1,5 +1,5 @@
 """Stopping a run where it stands: SIGINT, SIGTERM or a closed stdout, recorded for the trainer
-to act on after its step."""
+to act on after its step; and SIGTERM taken as Ctrl-C by the other commands."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 from types import FrameType
 from typing import Any, TextIO
@@ -30,6 +31,25 @@ def stop_signals() -> Iterator[list[str]]:
         sys.stdout = stdout
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+@contextlib.contextmanager
+def sigterm_as_ctrl_c() -> Iterator[None]:
+    """SIGTERM raised as KeyboardInterrupt while the block runs, as Ctrl-C is: where a command
+    stops, what it was writing is left unwritten. Only in the main thread, where Python
+    delivers signals; elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:  # None: a handler not set from Python, which cannot be set back
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
 
 
 class _PipeGuard:
