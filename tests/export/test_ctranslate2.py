@@ -198,6 +198,14 @@ def test_refusals_are_one_line(run: Path, tmp_path: Path) -> None:
         export_run(run, tmp_path / "out", "int4")
 
 
+def test_the_torch_engines_options_are_refused(run: Path) -> None:
+    """CTranslate2's threads are set when it loads: `workers` would do nothing."""
+    translator = Translator.load(run, "cpu", engine="ctranslate2")
+    for option, match in (("workers", "workers is a torch-engine option"), ("bf16", "bf16 is")):
+        with pytest.raises(ConfigError, match=match):
+            translator.translate(["1 2 3"], **{option: 2 if option == "workers" else True})
+
+
 def vocabulary(translator: Translator) -> list[str]:
     tokenizer = translator.tokenizer
     return [tokenizer.id_to_token(i) for i in range(tokenizer.vocab_size)]

@@ -64,3 +64,23 @@ def test_texts_must_be_strings(classifier: Classifier, texts: list[object]) -> N
 def test_a_text_with_nothing_to_read_is_refused(classifier: Classifier, blank: str) -> None:
     with pytest.raises(ConfigError, match="text 2 has no tokens once cleaned"):
         classifier.predict(["fine", blank])
+
+
+@pytest.mark.parametrize("max_tokens", [None, 0, 2.5, True])
+def test_a_batch_budget_that_is_not_a_count_is_refused(
+    classifier: Classifier, max_tokens: object
+) -> None:
+    with pytest.raises(ConfigError, match="max_tokens must be an int >= 1"):
+        classifier.predict(TEXTS, max_tokens=max_tokens)  # type: ignore[arg-type]
+
+
+def test_a_small_batch_budget_gives_the_same_predictions(classifier: Classifier) -> None:
+    one_at_a_time, together = classifier.predict(TEXTS, max_tokens=1), classifier.predict(TEXTS)
+    assert [label for label, _ in one_at_a_time] == [label for label, _ in together]
+    assert [p for _, p in one_at_a_time] == pytest.approx([p for _, p in together], abs=1e-6)
+
+
+@pytest.mark.parametrize("texts", [set(TEXTS), dict.fromkeys(TEXTS)], ids=["set", "dict"])
+def test_texts_without_an_order_are_refused(classifier: Classifier, texts: object) -> None:
+    with pytest.raises(TypeError, match="texts must be a list of strings, not"):
+        classifier.predict(texts)  # type: ignore[arg-type]

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from qkv.data.tokenizer import Tokenizer
+from qkv.errors import ConfigError
 from qkv.inference.translator import Translator
 from qkv.model.seq2seq import Seq2SeqTransformer
 from tests.model.helpers import tiny_config
@@ -52,3 +53,62 @@ def test_the_decoder_is_frozen_once_and_decodes_as_a_fresh_call(translator: Tran
         fresh = translate_hypotheses(translator.model, sources, options, translator.device)
         assert [[h.ids for h in hyps] for hyps in found] == [[ids] for ((ids, _),) in fresh]
         assert translator.weights.frozen() is made
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"temperature": 2.0}, "temperature is for sampling=True"),
+        ({"top_p": 0.5, "beam_size": 1}, "top_p is for sampling=True"),
+        ({"seed": 3}, "seed is for sampling=True"),
+        ({"sampling": True, "beam_size": 3}, "beam_size is for beam search"),
+        ({"sampling": True, "alpha": 1.0}, "alpha is for beam search"),
+    ],
+)
+def test_an_option_of_the_other_search_is_refused(
+    translator: Translator, options: dict[str, float | int | bool], match: str
+) -> None:
+    """As `qkv translate` refuses `--top-p` without `--sample`: an option silently ignored
+    would leave the user believing it did something."""
+    with pytest.raises(ConfigError, match=match):
+        translator.translate(SENTENCES, **options)
+
+
+def test_sampling_decodes_one_line_a_sentence_with_or_without_beam_size_1(
+    translator: Translator,
+) -> None:
+    sampled = translator.translate(SENTENCES, sampling=True, seed=4)
+    assert translator.translate(SENTENCES, sampling=True, seed=4, beam_size=1) == sampled
+
+
+@pytest.mark.parametrize(
+    ("keyword", "match"),
+    [
+        ("tempreature", "unknown option 'tempreature' \\(options: beam_size, alpha"),
+        ("n_best", "n_best is a keyword of Translator.hypotheses\\(\\)"),
+        ("device", "device is a keyword of Translator.load\\(\\)"),
+    ],
+)
+def test_an_unknown_keyword_names_the_options(
+    translator: Translator, keyword: str, match: str
+) -> None:
+    with pytest.raises(TypeError, match=match):
+        translator.translate(SENTENCES, **{keyword: 1})
+
+
+@pytest.mark.parametrize("sentences", [set(SENTENCES), dict.fromkeys(SENTENCES)], ids=str)
+def test_sentences_without_an_order_are_refused(translator: Translator, sentences: object) -> None:
+    for call in (translator.translate, translator.encode):
+        with pytest.raises(TypeError, match="sentences must be a list of strings, not"):
+            call(sentences)  # type: ignore[operator]
+
+
+def test_encode_refuses_one_string(translator: Translator) -> None:
+    with pytest.raises(TypeError, match="not one string"):
+        translator.encode("ein hund")  # type: ignore[arg-type]
+
+
+def test_the_device_may_be_given_by_name(translator: Translator) -> None:
+    named = Translator(translator.model, translator.tokenizer, "cpu")
+    assert named.device == torch.device("cpu")
+    assert named.translate(SENTENCES, beam_size=1) == translator.translate(SENTENCES, beam_size=1)

@@ -279,3 +279,19 @@ def test_a_tiny_attention_layer_fits_a_batch() -> None:
 
     first, last = overfit(attn.parameters(), loss, steps=100)
     assert last < 0.1 * first, (first, last)
+
+
+@pytest.mark.parametrize("batch", [2, 3])  # 3: B == T, where a (B, S) mask would broadcast
+def test_rejects_a_mask_that_does_not_broadcast_to_batch_heads_queries_keys(batch: int) -> None:
+    attn = MultiHeadAttention(16, 2)
+    query, memory = torch.randn(batch, 3, 16), torch.randn(batch, 5, 16)
+    wrong = [
+        torch.ones(batch, 5, dtype=torch.bool),  # (B, S), as other libraries take it
+        torch.ones(batch, 1, 1, 4, dtype=torch.bool),  # S off by one
+        torch.ones(batch + 1, 1, 1, 5, dtype=torch.bool),  # another batch
+    ]
+    for mask in wrong:
+        with pytest.raises(ValueError, match=r"mask must broadcast to \(B, H, T, S\)"):
+            attn(query, memory, memory, mask)
+    for mask in (torch.ones(batch, 1, 1, 5, dtype=torch.bool), torch.ones(1, 2, 3, 5).bool()):
+        assert attn(query, memory, memory, mask)[0].shape == (batch, 3, 16)

@@ -182,3 +182,17 @@ def texts(answer: dict[str, Any]) -> list[list[str]]:
 
 def scores(answer: dict[str, Any]) -> list[float]:
     return [h["score"] for r in answer["results"] for h in r["n_best"]]
+
+
+def test_options_of_the_other_search_are_ignored_and_keep_no_request_apart() -> None:
+    """The page sends every option; those that do not apply are set to their defaults, so
+    requests that differ only there share a batch."""
+    from qkv.serve.models import TranslateOptions
+    from qkv.serve.schema import TranslateRequest
+
+    searched = [
+        TranslateOptions.of(TranslateRequest(texts=["x"], beam=3, top_k=k, seed=k)) for k in (0, 9)
+    ]
+    assert searched[0] == searched[1] and searched[0].beam == 3
+    sampled = TranslateOptions.of(TranslateRequest(texts=["x"], sampling=True, beam=3, alpha=2.0))
+    assert (sampled.beam, sampled.alpha) == (5, 0.6)

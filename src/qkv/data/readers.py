@@ -8,7 +8,8 @@ import csv
 import io
 import json
 import unicodedata
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 from qkv.data.lines import A_DIRECTORY, NO_FILE, count_lines, is_blank, line_chunks, read_text
@@ -239,10 +240,11 @@ def lone_surrogate(text: str) -> str | None:
 
 def texts_list(texts: Iterable[str], name: str) -> list[str]:
     """`texts` as a list (a generator is read once), for an API that takes many texts; a
-    TypeError for one string, or for anything but strings in it."""
+    TypeError for one string, for a set or a mapping (no order to answer in), or for anything
+    but strings in it."""
     if isinstance(texts, str):
         raise TypeError(f"{name} must be a list of strings, not one string")
-    if not isinstance(texts, Iterable):
+    if not isinstance(texts, Iterable) or isinstance(texts, (AbstractSet, Mapping)):
         raise TypeError(f"{name} must be a list of strings, not {type(texts).__name__}")
     values = list(texts)
     if not all(isinstance(value, str) for value in values):

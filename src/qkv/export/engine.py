@@ -80,6 +80,11 @@ class CTranslate2Engine:
         with qkv's scores, in input order."""
         if options.bf16:
             raise ConfigError("bf16 is a torch-engine option; export with --quantize bfloat16")
+        if options.workers:
+            raise ConfigError(
+                f"workers is a torch-engine option; CTranslate2 decodes on its {self.replicas} "
+                "replica(s), set when it loads"
+            )
         check_n_best(n_best, options)
         lengths = torch.tensor([len(s) for s in sources], dtype=torch.long)
         budgets = output_budgets(lengths, options, self.max_len).tolist()

@@ -11,6 +11,7 @@ from qkv.data.batching import collate_texts, token_budget_batches
 from qkv.data.readers import is_blank, texts_list
 from qkv.data.tokenizer import Tokenizer
 from qkv.errors import CheckpointError, ConfigError
+from qkv.fits import fits
 from qkv.model.classifier import TextClassifier
 from qkv.run import RunConfig, load_run_weights, load_tokenizer
 from qkv.tasks.classification import ClassificationData, clean_text, encode_texts, run_data
@@ -25,10 +26,10 @@ class Classifier:
         model: TextClassifier,
         tokenizer: Tokenizer,
         data: ClassificationData,
-        device: torch.device,
+        device: torch.device | str,
     ) -> None:
-        self.model, self.tokenizer, self.data = model.eval().to(device), tokenizer, data
-        self.device = device
+        self.device = torch.device(device)  # a name ("cpu") too
+        self.model, self.tokenizer, self.data = model.eval().to(self.device), tokenizer, data
 
     @property
     def labels(self) -> list[str]:
@@ -51,8 +52,11 @@ class Classifier:
     @torch.no_grad()
     def probabilities(self, texts: list[str], max_tokens: int = 16384) -> torch.Tensor:
         """Class probabilities (len(texts), C), in input order. Raises TypeError unless `texts`
-        is a list of strings, ConfigError if a text has no tokens once cleaned."""
+        is a list of strings, ConfigError if a text has no tokens once cleaned or `max_tokens`
+        (tokens a batch) is not a count >= 1."""
         texts = texts_list(texts, "texts")
+        if not fits(max_tokens, int) or max_tokens < 1:
+            raise ConfigError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
         ids = encode_texts(self.tokenizer, texts, self.data)
         empty = next(
             (i for i, x in enumerate(ids) if not x or is_blank(clean_text(texts[i]))), None
@@ -72,7 +76,7 @@ class Classifier:
             self.model.train(was_training)
         return out
 
-    def predict(self, texts: list[str]) -> list[tuple[str, float]]:
+    def predict(self, texts: list[str], max_tokens: int = 16384) -> list[tuple[str, float]]:
         """The most likely label of each text and its probability."""
-        best, labels = self.probabilities(texts).max(dim=-1)  # (N,), (N,)
+        best, labels = self.probabilities(texts, max_tokens).max(dim=-1)  # (N,), (N,)
         return [(self.labels[i], p) for p, i in zip(best.tolist(), labels.tolist(), strict=True)]

@@ -24,11 +24,14 @@ from qkv.model.seq2seq import Seq2SeqTransformer
 
 MAX_BEAM = 256  # the widest beam: its memory grows with the square of the width
 MAX_ALPHA = 10.0  # the largest length penalty exponent: ((5 + n) / 6)^alpha overflows above
+SEARCH_FIELDS = ("beam_size", "alpha")  # beam search's: refused with sampling
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "seed")  # refused without it
 
 
 @dataclass
 class DecodeOptions:
-    """How to decode. Output length is capped at max_len_a * |source| + max_len_b tokens."""
+    """How to decode. Output length is capped at max_len_a * |source| + max_len_b tokens. The
+    options of beam search and those of sampling are refused with the other (ConfigError)."""
 
     beam_size: int = 1  # 1 = greedy
     alpha: float = 0.6  # GNMT length penalty exponent (beam search)
@@ -71,6 +74,13 @@ class DecodeOptions:
         if not 0 <= self.seed < 2**63:
             raise ConfigError(f"seed must be between 0 and 2**63 - 1, got {self.seed}")
         check_sampling(self.temperature, self.top_k, self.top_p)
+        fields = SEARCH_FIELDS if self.sampling else SAMPLING_FIELDS
+        if changed := [name for name in fields if getattr(self, name) != _DEFAULTS[name]]:
+            use = "beam search, which sampling=True replaces" if self.sampling else "sampling=True"
+            raise ConfigError(f"{changed[0]} is for {use}")
+
+
+_DEFAULTS = {name: getattr(DecodeOptions, name) for name in SEARCH_FIELDS + SAMPLING_FIELDS}
 
 
 def check_n_best(n_best: int, options: DecodeOptions) -> None:

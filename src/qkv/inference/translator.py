@@ -50,10 +50,11 @@ class Translator:
         self,
         model: Seq2SeqTransformer,
         tokenizer: Tokenizer,
-        device: torch.device,
+        device: torch.device | str,
         engine: Engine | None = None,
     ):
-        self.model, self.tokenizer, self.device = model.eval().to(device), tokenizer, device
+        self.device = torch.device(device)  # a name ("cpu") too
+        self.model, self.tokenizer = model.eval().to(self.device), tokenizer
         self.engine = engine
         self.weights = DecodingWeights(self.model)
 
@@ -101,7 +102,7 @@ class Translator:
         """Token ids, truncated to what the model's positions allow, with a warning that names
         the line `stacklevel` frames up (the caller's by default)."""
         limit = self.model.config.max_len - 1
-        ids = self.tokenizer.encode_batch(sentences)
+        ids = self.tokenizer.encode_batch(texts_list(sentences, "sentences"))
         long = [i for i, s in enumerate(ids) if len(s) > limit]
         if long:
             warnings.warn(
@@ -114,11 +115,12 @@ class Translator:
     def translate(
         self,
         sentences: list[str],
-        beam_size: int = 5,
+        beam_size: int | None = None,
         progress: bool = False,
         **options: float | int | bool,
     ) -> list[str]:
         """Translate sentences; options are `DecodeOptions` fields (alpha, max_len_a, ...).
+        The beam is 5 wide unless `sampling=True`, which decodes one line a sentence.
 
         Blank sentences translate to empty strings; `progress` draws a bar on stderr if it is a
         terminal. Raises TypeError unless `sentences` is a list of strings.
@@ -129,7 +131,7 @@ class Translator:
     def hypotheses(
         self,
         sentences: list[str],
-        beam_size: int = 5,
+        beam_size: int | None = None,
         n_best: int = 1,
         progress: bool = False,
         scored: bool = True,
@@ -137,20 +139,25 @@ class Translator:
     ) -> list[list[Hypothesis]]:
         """The `n_best` best translations of each sentence, best first, with their scores:
         log-probability over the GNMT length penalty for beam search, log-probability for
-        greedy and sampled outputs (NaN when not `scored`). `n_best` is at most `beam_size`."""
+        greedy and sampled outputs (NaN when not `scored`). `n_best` is at most `beam_size`;
+        a blank sentence has one, the empty translation, scored 0."""
         return self._hypotheses(sentences, beam_size, n_best, progress, scored, options)
 
     def _hypotheses(
         self,
         sentences: list[str],
-        beam_size: int,
+        beam_size: int | None,
         n_best: int,
         progress: bool,
         scored: bool,
         options: dict[str, float | int | bool],
     ) -> list[list[Hypothesis]]:
         sentences = texts_list(sentences, "sentences")
-        decode = DecodeOptions(beam_size=beam_size, **options)  # type: ignore[arg-type]
+        if unknown := [name for name in options if name not in DecodeOptions.__dataclass_fields__]:
+            raise TypeError(_unknown_option(unknown[0]))
+        if beam_size is not None or not options.get("sampling"):
+            options["beam_size"] = 5 if beam_size is None else beam_size
+        decode = DecodeOptions(**options)  # type: ignore[arg-type]
         texts = ["" if is_blank(s) else s for s in sentences]
         # Warnings name the line that called `translate` or `hypotheses`, 4 frames up.
         sources = self.encode(texts, stacklevel=4)
@@ -169,3 +176,11 @@ class Translator:
             ]
             for hypotheses in found
         ]
+
+
+def _unknown_option(name: str) -> str:
+    """The message for a keyword that is no `DecodeOptions` field, naming its method if any."""
+    known = ", ".join(DecodeOptions.__dataclass_fields__)
+    methods = {"n_best": "hypotheses()"} | dict.fromkeys(("device", "engine", "quantize"), "load()")
+    method = f"; {name} is a keyword of Translator.{methods[name]}" if name in methods else ""
+    return f"unknown option {name!r} (options: {known}){method}"

@@ -82,8 +82,8 @@ class MultiHeadAttention(nn.Module):
             output (B, T, D) and weights (B, H, T, S) when `need_weights`, else None.
 
         Raises:
-            ValueError: if the inputs are not (B, ·, D) with one B, or key and value differ in
-                length.
+            ValueError: if the inputs are not (B, ·, D) with one B, key and value differ in
+                length, or (without a cache) `mask` does not broadcast to (B, H, T, S).
             TypeError: if `mask` is not boolean.
         """
         check_mask(mask)
@@ -95,7 +95,7 @@ class MultiHeadAttention(nn.Module):
                 weights = weights.transpose(1, 2).reshape(*query.shape[:2], self.n_heads, -1)
                 weights = weights.transpose(1, 2)
             return output.reshape(query.shape), weights  # (B, T, D)
-        self._check_inputs(query, key, value)
+        self._check_inputs(query, key, value, None if cache is not None else mask)
         if query is key and key is value:  # self-attention: one matmul
             q, k, v = self.split_heads(self.project(query, 0, 3)).chunk(3, dim=1)
         else:
@@ -144,7 +144,7 @@ class MultiHeadAttention(nn.Module):
         k = self.split_heads(self.project(key, 1, 2))  # (B, H, S, K)
         return k, self.split_heads(self.project(value, 2, 3))  # (B, H, S, K)
 
-    def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
+    def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None) -> None:
         shapes = [tuple(x.shape) for x in (query, key, value)]
         if any(len(shape) != 3 or shape[2] != self.d_model for shape in shapes):
             raise ValueError(
@@ -155,4 +155,12 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(
                 "query, key and value must have one batch size, and key and value one length; "
                 f"got {', '.join(map(str, shapes))}"
+            )
+        full = (shapes[0][0], self.n_heads, shapes[0][1], shapes[1][1])  # (B, H, T, S)
+        if mask is not None and (
+            mask.dim() != 4 or any(m not in (1, n) for m, n in zip(mask.shape, full, strict=True))
+        ):
+            raise ValueError(
+                f"mask must broadcast to (B, H, T, S) = {full}, as (B, 1, 1, S) or (B, 1, T, S) "
+                f"do; got {tuple(mask.shape)}"
             )

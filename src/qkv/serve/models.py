@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from qkv.inference.classifier import Classifier
+from qkv.inference.translate import SAMPLING_FIELDS
 from qkv.inference.translator import Translator
 from qkv.run import RunConfig
 from qkv.serve.attention import classification_attention, translation_attention
@@ -43,6 +44,10 @@ class TranslateOptions:
         fields = {
             name: getattr(request, name) for name in cls.__dataclass_fields__ if name != "alone"
         }
+        # Options of the other search are ignored (the page sends them all): set to their
+        # defaults, so that they do not keep a request out of a batch.
+        ignored = ("beam", "alpha") if request.sampling else SAMPLING_FIELDS
+        fields.update({name: TranslateRequest.model_fields[name].default for name in ignored})
         return cls(**fields, alone=next(_SAMPLED) if request.sampling else 0)
 
 
@@ -66,18 +71,18 @@ class ServedTranslator:
     def _run(self, options: Hashable, texts: list[str]) -> Sequence[Any]:
         assert isinstance(options, TranslateOptions)
         o = options
+        search = (
+            {name: getattr(o, name) for name in SAMPLING_FIELDS}
+            if o.sampling
+            else {"beam_size": o.beam, "alpha": o.alpha}
+        )
         return self.translator.hypotheses(
             texts,
-            beam_size=1 if o.sampling else o.beam,
             n_best=o.n_best,
-            alpha=o.alpha,
             max_len_a=o.max_len_a,
             max_len_b=o.max_len_b,
             sampling=o.sampling,
-            temperature=o.temperature,
-            top_k=o.top_k,
-            top_p=o.top_p,
-            seed=o.seed,
+            **search,
         )
 
     async def answer(self, request: TranslateRequest) -> list[dict[str, Any]]:
