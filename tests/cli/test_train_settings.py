@@ -86,6 +86,24 @@ def test_classification_settings_out_of_place(
     assert not (tmp_path / "r").exists()
 
 
+def test_the_data_may_be_named_by_its_setting_alone(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`train_file=` and `data_dir=` stand for `--train` and `--data`, as `valid_file=` does
+    for `--valid`."""
+    tiny = ["--preset", "tiny", "vocab_size=60", "max_steps=2", "eval_every=2"]
+    argv = ["train", "classification", f"train_file={LABELLED}", "--out", tmp_path / "c", *tiny]
+    code, err = qkv(capsys, *argv)
+    assert code == 0, err
+    code, err = qkv(
+        capsys, "train", "translation", f"data_dir={TRANSLATION}", "--out", tmp_path / "t", *TINY
+    )
+    assert code == 0, err
+    for task, flag in (("classification", "--train FILE"), ("translation", "--data DIR")):
+        code, err = qkv(capsys, "train", task, "--out", tmp_path / "none", *TINY)
+        assert code == 2 and err == f"qkv: train {task} needs {flag}\n"
+
+
 def test_a_given_validation_share_is_the_one_held_out(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -210,8 +210,10 @@ def test_read_labelled_custom_fields_gzip(tmp_path: Path) -> None:
         ('["a", 1]', "expected a JSON object"),
         ('{"text": "a"}', "missing field 'label'"),
         ('{"text": "  ", "label": 1}', "empty 'text'"),
-        ('{"text": 5, "label": 1}', "must be a string"),
-        ('{"text": "a", "label": null}', "must be a string or integer"),
+        ('{"text": 5, "label": 1}', "must be a string, got int"),
+        ('{"text": null, "label": 1}', "must be a string, got null"),
+        ('{"text": "a", "label": null}', "must be a string or integer, got null"),
+        ('{"text": "a", "label": [1]}', "must be a string or integer, got array"),
     ],
 )
 def test_read_labelled_jsonl_errors_name_line(tmp_path: Path, line: str, match: str) -> None:
@@ -251,9 +253,24 @@ def test_read_labelled_tsv_keeps_quotes(tmp_path: Path) -> None:
 
 def test_read_labelled_tsv_wrong_field_count(tmp_path: Path) -> None:
     path = write(tmp_path / "dev.tsv", "text\tlabel\na\t1\nb\n")
-    with pytest.raises(DataError, match="expected 2 fields, got 1") as error:
+    with pytest.raises(
+        DataError, match=r"expected 2 fields, got 1 \(TSV fields are not quoted"
+    ) as error:
         read_labelled(path)
     assert_data_error(error, path, 3)
+
+
+def test_a_header_after_blank_lines_is_named_at_its_line(tmp_path: Path) -> None:
+    path = write(tmp_path / "lead.csv", "\n\nText,label\ngood,pos\n")
+    with pytest.raises(DataError, match="missing column 'text'") as error:
+        read_labelled(path)
+    assert_data_error(error, path, 3)
+
+
+def test_the_format_suffix_may_be_upper_case(tmp_path: Path) -> None:
+    path = write(tmp_path / "UP.CSV.GZ", gzip.compress(b'text,label\n"good, yes",pos\n'))
+    assert read_labelled(path) == (["good, yes"], ["pos"])
+    assert read_texts(path) == ["good, yes"]
 
 
 def test_read_labelled_unknown_format_and_no_records(tmp_path: Path) -> None:

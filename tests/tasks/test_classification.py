@@ -8,13 +8,31 @@ from pathlib import Path
 import pytest
 
 from qkv.errors import ConfigError, DataError
-from qkv.tasks.classification import ClassificationData, prepare, sorted_labels
+from qkv.tasks.classification import ClassificationData, label_notes, prepare, sorted_labels
 
 
 def test_labels_sort_as_numbers_only_when_they_are_ascii_integers() -> None:
     assert sorted_labels(["10", "2", "-1"]) == ["-1", "2", "10"]
     assert sorted_labels(["²", "1"]) == ["1", "²"]  # a digit to str.isdigit, not to int()
     assert sorted_labels(["pos", "neg"]) == ["neg", "pos"]
+
+
+def test_integer_labels_of_one_value_keep_one_order() -> None:
+    """ "1" and "01" are one integer; their order follows their text, not the set's hashing,
+    which changes from process to process."""
+    for values in (["1", "01", "2"], ["01", "2", "1"], ["2", "1", "01"]):
+        assert sorted_labels(values) == ["01", "1", "2"]
+
+
+def test_the_labels_are_named_with_their_examples_and_a_likely_mistake_is_warned_of() -> None:
+    labels = ["neg"] * 3 + ["pos"] * 2 + ["Label", "pso"]
+    notes = label_notes(["Label", "neg", "pos", "pso"], labels, "label")
+    assert notes[0] == "4 labels, with their training examples: Label 1, neg 3, pos 2, pso 1"
+    assert notes[1] == "warning: a label is the label column's name, 'label': a header row?"
+    assert notes[2] == "warning: one training example only for pso: a typo?"
+    assert label_notes(["neg", "pos"], ["neg", "pos", "pos", "neg"], "label") == [
+        "2 labels, with their training examples: neg 2, pos 2"
+    ]
 
 
 @pytest.mark.parametrize("fraction", [0.0, -0.2, 1.0, 1.5])
@@ -44,3 +62,19 @@ def test_training_tokens_are_read_from_the_cache(tmp_path: Path) -> None:
     assert len(corpora["valid.ids"]) == len(corpora["valid.labels"]) == 3
     labels = [*corpora["train.labels"].flat().tolist(), *corpora["valid.labels"].flat().tolist()]
     assert sorted(labels) == [0] * 15 + [1] * 15
+
+
+def test_validation_texts_that_are_training_texts_are_warned_of(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "reviews.jsonl"
+    rows = [{"text": f"review {i}", "label": i % 2} for i in range(20)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    data = ClassificationData(train_file=str(path), vocab_size=60, min_frequency=1)
+    prepare(data, tmp_path / "held-out", None, seed=0)
+    assert "warning" not in capsys.readouterr().out
+    data = ClassificationData(train_file=str(path), valid_file=str(path), vocab_size=60)
+    prepare(data, tmp_path / "same", None, seed=0)
+    assert (
+        "warning: 20 of the 20 validation texts are training texts too" in capsys.readouterr().out
+    )

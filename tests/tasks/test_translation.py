@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +54,22 @@ def test_training_tokens_are_read_from_the_cache_not_held_in_memory(tmp_path: Pa
     assert sorted(i for batch in batches for i in batch.tolist()) == list(range(40))
     lines = (GOOD / "train.de").read_text(encoding="utf-8").splitlines()
     assert task.src.tolist() == tokenizer.encode_batch(lines)
+
+
+def test_validation_files_that_hold_the_training_pairs_are_warned_of(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = TranslationData(data_dir=str(GOOD), vocab_size=100, min_frequency=1)
+    prepare(data, tmp_path / "apart", None, 256)
+    assert "warning" not in capsys.readouterr().out
+    copied = tmp_path / "copied"
+    copied.mkdir()
+    for side in ("de", "en"):
+        train = (GOOD / f"train.{side}").read_bytes()
+        (copied / f"train.{side}").write_bytes(train)
+        (copied / f"val.{side}").write_bytes(train)
+    prepare(replace(data, data_dir=str(copied)), tmp_path / "same", None, 256)
+    assert "warning: the validation files hold the training pairs" in capsys.readouterr().out
 
 
 def test_a_resumed_run_rebuilds_a_cache_cut_short(tmp_path: Path) -> None:

@@ -34,7 +34,12 @@ def test_a_run_that_never_validated_says_so() -> None:
 
 def test_a_run_at_chance_says_so() -> None:
     (warning,) = run_warnings(run(2000, [0.52, 0.55]), 100, "accuracy", 0.55)
-    assert "never beat 0.55" in warning
+    assert "never beat 0.55, what always the commonest label would score" in warning
+    records = [
+        {**r, "bleu": r.pop("accuracy")} if "accuracy" in r else r for r in run(2000, [0.5, 0.8])
+    ]
+    (warning,) = run_warnings(records, 100, "bleu", 1.0)
+    assert "never beat 1, what empty translations would score" in warning
 
 
 def test_a_non_finite_loss_is_named() -> None:

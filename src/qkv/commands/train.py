@@ -144,22 +144,22 @@ def _train(args: argparse.Namespace, out: Path, values: dict[str, str]) -> Progr
     if args.task == "translation":
         from qkv.tasks.translation import TranslationData, train_translation
 
-        if not args.data:
-            raise ConfigError("train translation needs --data DIR")
         model, train = presets.translation_preset(args.preset or "small")
         sides = {"src": args.src, "tgt": args.tgt}
-        data = TranslationData(args.data, **{k: v for k, v in sides.items() if v is not None})
+        data = TranslationData(args.data or "", **{k: v for k, v in sides.items() if v is not None})
         data, model, train = overrides.apply_all(data, model, train, values)
+        if not data.data_dir:
+            raise ConfigError("train translation needs --data DIR")
         return train_translation(data, model, train, out, explicit=frozenset(values))
     from qkv.tasks.classification import train_classification
 
-    if not args.train:
-        raise ConfigError("train classification needs --train FILE")
     model, train, labelled = presets.classification_preset(args.preset or "strong")
-    labelled.train_file, labelled.valid_file = args.train, args.valid or ""
+    labelled.train_file, labelled.valid_file = args.train or "", args.valid or ""
     if args.valid_fraction is not None:
         labelled.valid_fraction = args.valid_fraction
     labelled, model, train = overrides.apply_all(labelled, model, train, values)
+    if not labelled.train_file:
+        raise ConfigError("train classification needs --train FILE")
     if args.preset is None:  # read by the fields given (text_field=...)
         examples = len(labelled.read(labelled.train_file)[0])
         fitted = presets.fitted_classification(examples)

@@ -115,7 +115,7 @@ def read_texts(
 
 
 def _format_suffix(path: Path) -> str:
-    return Path(path.name.removesuffix(".gz")).suffix.lower()
+    return Path(path.name.lower().removesuffix(".gz")).suffix
 
 
 def _read_records(
@@ -182,12 +182,17 @@ def _read_table(
             if columns is None:
                 columns = [name.strip() for name in row]
                 positions = [
-                    _column_position(path, columns, field, _another(settings, i))
+                    _column_position(path, columns, field, _another(settings, i), line)
                     for i, field in enumerate(fields)
                 ]
                 continue
             if len(row) != len(columns):
                 hint = " (an unclosed quote?)" if any("\n" in value for value in row) else ""
+                hint = (
+                    " (TSV fields are not quoted: a quoted tab or line break needs .csv)"
+                    if tsv
+                    else hint
+                )
                 problem = f"expected {len(columns)} fields, got {len(row)}{hint}"
                 raise DataError(path, problem, line=line)
             records.append((line, [row[position] for position in positions]))
@@ -197,15 +202,19 @@ def _read_table(
     return records
 
 
-def _column_position(path: str | Path, columns: list[str], field: str, another: str) -> int:
+def _column_position(
+    path: str | Path, columns: list[str], field: str, another: str, line: int
+) -> int:
+    """Where `field` is in the header on `line`."""
     if field not in columns:
         available = ", ".join(repr(_short_text(name)) for name in columns[:8])
         available += ", ..." if len(columns) > 8 else ""
         problem = f"missing column '{field}' (columns: {available}){another}"
-        raise DataError(path, problem, line=1)
+        raise DataError(path, problem, line=line)
     if columns.count(field) > 1:
         where = " and ".join(str(i) for i, name in enumerate(columns, start=1) if name == field)
-        raise DataError(path, f"column '{field}' appears more than once (columns {where})", line=1)
+        problem = f"column '{field}' appears more than once (columns {where})"
+        raise DataError(path, problem, line=line)
     return columns.index(field)
 
 
@@ -219,7 +228,7 @@ def _check_text(
     path: str | Path, value: object, field: str, line: int, clean: Callable[[str], str] | None
 ) -> str:
     if not isinstance(value, str):
-        raise DataError(path, f"'{field}' must be a string, got {type(value).__name__}", line=line)
+        raise DataError(path, f"'{field}' must be a string, got {_kind(value)}", line=line)
     _check_unicode(path, value, field, line)
     if is_blank(value):
         raise DataError(path, f"empty '{field}'", line=line)
@@ -262,7 +271,7 @@ def _check_unicode(path: str | Path, value: str, field: str, line: int) -> None:
 def _check_label(path: str | Path, value: object, field: str, line: int) -> str:
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise DataError(
-            path, f"'{field}' must be a string or integer, got {type(value).__name__}", line=line
+            path, f"'{field}' must be a string or integer, got {_kind(value)}", line=line
         )
     label = str(value).strip()
     _check_unicode(path, label, field, line)
@@ -295,3 +304,9 @@ def _short(error: Exception) -> str:
 
 def _short_text(text: str, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _kind(value: object) -> str:
+    """A JSON value's type as JSON names it where Python's name differs (null, not NoneType)."""
+    names = {type(None): "null", dict: "object", list: "array"}
+    return names.get(type(value), type(value).__name__)

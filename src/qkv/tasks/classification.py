@@ -112,7 +112,9 @@ class ClassificationData:
 def sorted_labels(values: list[str]) -> list[str]:
     """Label names in a stable order: numerically when they are all integers."""
     unique = set(values)
-    return sorted(unique, key=int if all(_INTEGER.fullmatch(v) for v in unique) else None)
+    if all(_INTEGER.fullmatch(v) for v in unique):  # "1" and "01" by their text, run to run
+        return sorted(unique, key=lambda v: (int(v), v))
+    return sorted(unique)
 
 
 def encode_texts(
@@ -211,10 +213,28 @@ def _split(
     )
 
 
+def label_notes(names: Sequence[str], labels: Sequence[str], field: str) -> list[str]:
+    """A line naming the labels with their training examples, and warnings for a label that
+    looks like a mistake: the label column's name (a second header row) or a single example."""
+    counts = Counter(labels)
+    listed = ", ".join(f"{_cut(name)} {counts[name]:,}" for name in names[:10])
+    more = f", and {len(names) - 10} more" if len(names) > 10 else ""
+    notes = [f"{len(names)} labels, with their training examples: {listed}{more}"]
+    header = [name for name in names if name.casefold() == field.casefold()]
+    if header:
+        notes.append(f"warning: a label is the label column's name, '{field}': a header row?")
+    if once := [name for name in names if counts[name] == 1 and name not in header]:
+        notes.append(f"warning: one training example only for {shown(once)}: a typo?")
+    return notes
+
+
+def _cut(label: str) -> str:
+    return label if len(label) <= 40 else label[:37] + "..."
+
+
 def shown(labels: Sequence[str], limit: int = 5) -> str:
     """The first `limit` labels for a message, each cut to 40 characters."""
-    cut = [label if len(label) <= 40 else label[:37] + "..." for label in labels[:limit]]
-    return ", ".join(cut) + (", ..." if len(labels) > limit else "")
+    return ", ".join(map(_cut, labels[:limit])) + (", ..." if len(labels) > limit else "")
 
 
 def run_data(run: RunConfig, run_dir: Path) -> ClassificationData:
@@ -271,6 +291,14 @@ def prepare(
         )
     index = {name: i for i, name in enumerate(names)}
     data.labels = names
+    if new_run and is_main():
+        print("\n".join(label_notes(names, labels, data.label_field)))
+        seen = set(texts)
+        if (shared := sum(text in seen for text in valid_texts)) * 2 > len(valid_texts):
+            print(
+                f"warning: {shared:,} of the {len(valid_texts):,} validation texts are training "
+                "texts too: validation measures what the model learned by heart"
+            )
     if tokenizer is None:
         tokenizer = Tokenizer.train(
             (clean_text(t) for t in texts), data.vocab_size, data.min_frequency, data.lowercase

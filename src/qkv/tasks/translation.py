@@ -218,6 +218,11 @@ def _build_cache(
             print(f"skipping {done.read - done.kept} training pairs longer than {limit} tokens")
         writer.add("valid.src", tokenizer.encode_batch(valid[0]))
         writer.add("valid.tgt", tokenizer.encode_batch(valid[1]))
+        if (done.src_digest, done.tgt_digest) == (digests["valid.src"], digests["valid.tgt"]):
+            print(
+                "warning: the validation files hold the training pairs: validation measures "
+                "what the model learned by heart"
+            )
         digests = {**digests, "train.src": done.src_digest, "train.tgt": done.tgt_digest}
         return writer.finish(digests)
 

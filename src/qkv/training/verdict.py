@@ -38,9 +38,10 @@ def run_warnings(
             "quality is unknown and the weights are its last ones; lower eval_every"
         )
     elif max(float(r[metric]) for r in valid) <= trivial:
+        trivially = "always the commonest label" if metric == "accuracy" else "empty translations"
         found.append(
-            f"validation {metric} never beat {trivial:.4g}, what a trivial model scores "
-            "(the majority class, or an empty translation): the model learned nothing useful"
+            f"validation {metric} never beat {trivial:.4g}, what {trivially} would score: the "
+            "model learned nothing useful"
         )
     losses = [r.get("loss") for r in [*train, *valid]]
     if skipped_steps or any(isinstance(x, float) and not math.isfinite(x) for x in losses):
