@@ -130,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--src", metavar="FILE", help="translation: source sentences")
     add("--ref", metavar="FILE", help="translation: reference translations")
     add("--data", metavar="FILE", help="classification: labelled file")
+    text = "classification: the text column or key of --data (the run's, 'text' by default)"
+    add("--text-field", metavar="NAME", help=text)
+    add("--label-field", metavar="NAME", help="classification: the label column or key (ditto)")
     _add_decoding(evaluate)
     add("--json", action="store_true", help="print one JSON object")
 
@@ -137,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     add = classify.add_argument
     text = "one text per line, or JSONL / CSV / TSV with the run's text field"
     add("--input", metavar="FILE", help=text)
+    add("--text-field", metavar="NAME", help="the text column or key of --input (the run's)")
     add("--output", metavar="FILE", help="default stdout")
     add("--json", action="store_true", help="one JSON object per line")
     _add_device(classify)

@@ -234,7 +234,12 @@ def test_read_labelled_csv_missing_column_names_available(tmp_path: Path) -> Non
         read_labelled(path)
     # Read for training: the setting that names another column is said.
     with pytest.raises(DataError, match=r"'label'\); name another with label_field=NAME$"):
-        read_labelled(path, text_field="sentence", label_field="stars", settable=True)
+        read_labelled(
+            path,
+            text_field="sentence",
+            label_field="stars",
+            hints=["text_field=NAME", "label_field=NAME"],
+        )
 
 
 def test_read_labelled_csv_wrong_field_count(tmp_path: Path) -> None:

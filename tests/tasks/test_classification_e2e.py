@@ -95,6 +95,24 @@ def test_classify_command(
     assert [label for label, _ in predictions] == ["pos", "neg"]
 
 
+def test_files_with_other_field_names_are_read_by_the_field_flags(
+    three_class_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [{"review": r["text"], "stars": r["label"]} for r in make_rows(30, ["pos", "neg"], 7)]
+    other = write_jsonl(tmp_path / "other.jsonl", rows)
+    run = str(three_class_run)
+    assert main(["evaluate", run, "--data", str(other)]) == 2
+    assert "missing field 'text'" in (err := capsys.readouterr().err)
+    assert err.rstrip().endswith("name another with --text-field NAME"), err
+    flags = ["--text-field", "review", "--label-field", "stars"]
+    assert main(["evaluate", run, "--data", str(other), *flags, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["examples"] == 30
+    assert main(["classify", run, "--input", str(other), "--text-field", "review"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 30
+    assert main(["classify", run, "--text-field", "review"]) == 2
+    assert "--text-field names a field of --input's records" in capsys.readouterr().err
+
+
 def test_seed_preset_mirrors_the_tutorial() -> None:
     from qkv.presets import classification_preset
 

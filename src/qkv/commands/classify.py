@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import unicodedata
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from qkv.cli import device_name, print_json
@@ -13,16 +13,21 @@ from qkv.commands.io import check_output, input_lines, write_lines
 from qkv.data.readers import is_blank, read_texts
 from qkv.errors import ConfigError, DataError
 
+FIELD_FLAGS = ("--text-field NAME", "--label-field NAME")  # how evaluate names other fields
+
 
 def run(args: argparse.Namespace) -> int:
     from qkv.inference.classifier import Classifier
     from qkv.tasks.classification import clean_text
 
+    if args.text_field and not args.input:
+        raise ConfigError("--text-field names a field of --input's records; stdin holds lines")
     check_output(args.output)  # before the work, not after
     classifier = Classifier.load(args.run_dir, device_name(args))
     if args.input:
-        field = classifier.data.text_field
-        texts = read_texts(Path(args.input), text_field=field, clean=clean_text)
+        field = args.text_field or classifier.data.text_field
+        hint = "--text-field NAME"
+        texts = read_texts(Path(args.input), text_field=field, clean=clean_text, hint=hint)
     else:
         texts = input_lines(None)
         if empty := [i + 1 for i, t in enumerate(texts) if is_blank(clean_text(t))]:
@@ -46,7 +51,9 @@ def evaluate_classification(args: argparse.Namespace) -> int:
         raise ConfigError("evaluate on a classification run needs --data FILE")
     classifier = Classifier.load(args.run_dir, device_name(args))
     index = {name: i for i, name in enumerate(classifier.labels)}
-    texts, gold = classifier.data.read(args.data, known_labels=index, new_run=False)
+    fields = {"text_field": args.text_field, "label_field": args.label_field}
+    data = replace(classifier.data, **{name: value for name, value in fields.items() if value})
+    texts, gold = data.read(args.data, index, hints=FIELD_FLAGS)
     predicted = classifier.probabilities(texts).argmax(-1).tolist()
     scores = score_classification([index[g] for g in gold], predicted, classifier.labels)
     if args.json:

@@ -15,7 +15,7 @@ TASK_OPTIONS = {
         *("--src", "--ref", "--beam", "--alpha", "--max-len-a", "--max-len-b", "--workers"),
         *("--bf16", "--engine", "--quantize"),
     ),
-    "classification": ("--data",),
+    "classification": ("--data", "--text-field", "--label-field"),
 }
 """The options of `qkv evaluate` that belong to each task."""
 

@@ -79,19 +79,18 @@ def read_labelled(
     label_field: str = "label",
     known_labels: Collection[str] | None = None,
     clean: Callable[[str], str] | None = None,
-    settable: bool = False,
+    hints: Sequence[str] | None = None,
 ) -> tuple[list[str], list[str]]:
     """Reads a text-classification file into (texts, labels); a text blank once `clean`ed is
     refused. The suffix (less ".gz") gives the format: ".jsonl"/".json" (one JSON object a line),
     ".csv" or ".tsv" (a header row, then records; TSV fields are not quoted). Labels are
     strings (a JSON 1 becomes "1") in NFC, so that labels that look the same are the same.
-    With `settable`, a missing field's error says which setting names another
-    (`text_field=NAME`, `label_field=NAME`).
+    A missing field's error says how to name another where `hints` gives it for each field
+    (`text_field=NAME`, `--text-field NAME`).
     """
     texts: list[str] = []
     labels: list[str] = []
-    settings = ("text_field", "label_field") if settable else None
-    for line, (text, label) in _read_records(path, (text_field, label_field), settings):
+    for line, (text, label) in _read_records(path, (text_field, label_field), hints):
         texts.append(_check_text(path, text, text_field, line, clean))
         labels.append(_check_label(path, label, label_field, line))
         if known_labels is not None and labels[-1] not in known_labels:
@@ -102,15 +101,20 @@ def read_labelled(
 
 
 def read_texts(
-    path: str | Path, *, text_field: str = "text", clean: Callable[[str], str] | None = None
+    path: str | Path,
+    *,
+    text_field: str = "text",
+    clean: Callable[[str], str] | None = None,
+    hint: str | None = None,
 ) -> list[str]:
     """Reads texts to predict on: the `text_field` of each record of a JSON Lines, CSV or
-    TSV file (see `read_labelled`), or one text per line of any other file."""
+    TSV file (see `read_labelled`, `hint` as its `hints`), or one text per line of any other
+    file."""
     records: list[tuple[int, list[object]]]
     if _format_suffix(Path(path)) not in LABELLED_FORMATS:
         records = [(number, [line]) for number, line in enumerate(read_lines(path), start=1)]
     else:
-        records = _read_records(path, (text_field,))
+        records = _read_records(path, (text_field,), hint and [hint])
     return [_check_text(path, text, text_field, line, clean) for line, (text,) in records]
 
 
@@ -119,15 +123,15 @@ def _format_suffix(path: Path) -> str:
 
 
 def _read_records(
-    path: str | Path, fields: Sequence[str], settings: Sequence[str] | None = None
+    path: str | Path, fields: Sequence[str], hints: Sequence[str] | None = None
 ) -> list[tuple[int, list[object]]]:
     """The values of `fields` in each record, with the 1-based line on which it starts; a
-    missing field's error names the setting that chooses it, where `settings` gives them."""
+    missing field's error says how to name another, where `hints` gives it."""
     suffix = _format_suffix(Path(path))
     if suffix in (".jsonl", ".json"):
-        records = _read_json_lines(path, fields, settings)
+        records = _read_json_lines(path, fields, hints)
     elif suffix in (".csv", ".tsv"):
-        records = _read_table(path, fields, settings, tsv=suffix == ".tsv")
+        records = _read_table(path, fields, hints, tsv=suffix == ".tsv")
     else:  # a missing file or a directory is reported as such, not as a format
         if Path(path).is_dir():
             raise DataError(path, A_DIRECTORY)
@@ -141,7 +145,7 @@ def _read_records(
 
 
 def _read_json_lines(
-    path: str | Path, fields: Sequence[str], settings: Sequence[str] | None
+    path: str | Path, fields: Sequence[str], hints: Sequence[str] | None
 ) -> list[tuple[int, list[object]]]:
     records: list[tuple[int, list[object]]] = []
     for number, line in enumerate(read_lines(path, allow_empty=True), start=1):
@@ -159,13 +163,13 @@ def _read_json_lines(
             if field not in record:
                 available = ", ".join(map(repr, record)) or "none"
                 problem = f"missing field '{field}' (fields: {available})"
-                raise DataError(path, problem + _another(settings, i), line=number)
+                raise DataError(path, problem + _another(hints, i), line=number)
         records.append((number, [record[field] for field in fields]))
     return records
 
 
 def _read_table(
-    path: str | Path, fields: Sequence[str], settings: Sequence[str] | None, *, tsv: bool
+    path: str | Path, fields: Sequence[str], hints: Sequence[str] | None, *, tsv: bool
 ) -> list[tuple[int, list[object]]]:
     text = io.StringIO(read_text(path), newline="")
     csv.field_size_limit(max(csv.field_size_limit(), FIELD_SIZE_LIMIT))
@@ -182,7 +186,7 @@ def _read_table(
             if columns is None:
                 columns = [name.strip() for name in row]
                 positions = [
-                    _column_position(path, columns, field, _another(settings, i), line)
+                    _column_position(path, columns, field, _another(hints, i), line)
                     for i, field in enumerate(fields)
                 ]
                 continue
@@ -218,10 +222,10 @@ def _column_position(
     return columns.index(field)
 
 
-def _another(settings: Sequence[str] | None, i: int) -> str:
-    """The end of a missing field's error that names its setting: "; name another with
-    text_field=NAME"."""
-    return f"; name another with {settings[i]}=NAME" if settings else ""
+def _another(hints: Sequence[str] | None, i: int) -> str:
+    """The end of a missing field's error that says how to name another: "; name another
+    with text_field=NAME"."""
+    return f"; name another with {hints[i]}" if hints else ""
 
 
 def _check_text(

@@ -53,6 +53,7 @@ from qkv.viz.curves import write_curves
 
 _BREAKS = re.compile(r"<br\s*/?>", re.IGNORECASE)
 _INTEGER = re.compile(r"-?[0-9]+")
+FIELD_SETTINGS = ("text_field=NAME", "label_field=NAME")  # how a new run names other fields
 
 
 def clean_text(text: str) -> str:
@@ -78,18 +79,21 @@ class ClassificationData:
     labels: list[str] = field(default_factory=list)  # label names, filled from the data
 
     def read(
-        self, path: str | Path, known_labels: Collection[str] | None = None, new_run: bool = True
+        self,
+        path: str | Path,
+        known_labels: Collection[str] | None = None,
+        hints: Sequence[str] | None = FIELD_SETTINGS,
     ) -> tuple[list[str], list[str]]:
         """(texts, labels) of a labelled file, by this data's fields; a text empty once
-        cleaned is refused (see `readers.read_labelled`). A new run's file (`new_run`) that
-        lacks a field is reported with the setting that names another."""
+        cleaned is refused (see `readers.read_labelled`). A file that lacks a field is
+        reported with how to name another (`hints`: by default the settings, for a new run)."""
         return read_labelled(
             Path(path),
             text_field=self.text_field,
             label_field=self.label_field,
             known_labels=known_labels,
             clean=clean_text,
-            settable=new_run,
+            hints=hints,
         )
 
     def check(self) -> None:
@@ -256,7 +260,8 @@ def prepare(
     caches. A resumed run (`tokenizer` given) must find the text its cache holds."""
     new_run = tokenizer is None  # a cache found in run_dir was not made with its tokenizer
     cache_path = run_dir / CACHE_FILE
-    texts, labels = data.read(data.train_file, new_run=new_run)
+    hints = FIELD_SETTINGS if new_run else None
+    texts, labels = data.read(data.train_file, hints=hints)
     digests = {"train": text_digest(texts, labels)}
     if not new_run:
         check_same_data(cache_path, {"train": (Path(data.train_file), digests["train"])})
@@ -279,7 +284,7 @@ def prepare(
             data.train_file, f"needs at least 2 labels{held_out}; it has only {shown(names)}"
         )
     if data.valid_file:  # an unknown label there is named with its line
-        valid_texts, valid_labels = data.read(data.valid_file, names, new_run=new_run)
+        valid_texts, valid_labels = data.read(data.valid_file, names, hints)
         digests["valid"] = text_digest(valid_texts, valid_labels)
         if not new_run:
             check_same_data(cache_path, {"valid": (Path(data.valid_file), digests["valid"])})
