@@ -258,8 +258,12 @@ def test_read_labelled_tsv_keeps_quotes(tmp_path: Path) -> None:
 
 def test_read_labelled_tsv_wrong_field_count(tmp_path: Path) -> None:
     path = write(tmp_path / "dev.tsv", "text\tlabel\na\t1\nb\n")
+    with pytest.raises(DataError, match=r"expected 2 fields, got 1$") as error:
+        read_labelled(path)
+    assert_data_error(error, path, 3)
+    path = write(tmp_path / "quoted.tsv", 'text\tlabel\na\t1\n"multi\nline"\t0\n')
     with pytest.raises(
-        DataError, match=r"expected 2 fields, got 1 \(TSV fields are not quoted"
+        DataError, match=r"got 1 \(TSV fields are not quoted: a quoted tab"
     ) as error:
         read_labelled(path)
     assert_data_error(error, path, 3)

@@ -191,12 +191,11 @@ def _read_table(
                 ]
                 continue
             if len(row) != len(columns):
-                hint = " (an unclosed quote?)" if any("\n" in value for value in row) else ""
-                hint = (
-                    " (TSV fields are not quoted: a quoted tab or line break needs .csv)"
-                    if tsv
-                    else hint
-                )
+                hint = ""
+                if tsv and any('"' in value for value in row):
+                    hint = " (TSV fields are not quoted: a quoted tab or line break needs .csv)"
+                elif any("\n" in value for value in row):
+                    hint = " (an unclosed quote?)"
                 problem = f"expected {len(columns)} fields, got {len(row)}{hint}"
                 raise DataError(path, problem, line=line)
             records.append((line, [row[position] for position in positions]))
