@@ -154,9 +154,9 @@ def _fit_validation(
     long = sum(len(s) > max_len or len(t) >= max_len for s, t in zip(src, tgt, strict=True))
     if long:
         print(
-            f"cutting {long} validation pair(s) longer than the model's {max_len} positions: "
-            "the loss reads what fits, and BLEU scores the cut source's translation against "
-            "the whole reference"
+            f"warning: cutting {long} validation pair(s) longer than the model's {max_len} "
+            "positions: the loss reads what fits, and BLEU scores the cut source's "
+            "translation against the whole reference"
         )
     return [s[:max_len] for s in src], [t[: max_len - 1] for t in tgt]
 
