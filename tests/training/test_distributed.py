@@ -167,7 +167,7 @@ def test_a_killed_rank_stops_the_others_and_the_run_resumes(corpus: Path, tmp_pa
     ranks[1].communicate()
     assert time.monotonic() - killed < COLLECTIVE_TIMEOUT + 10
     message = err.decode()
-    assert ranks[0].returncode == 2, message
+    assert ranks[0].returncode == 2, f"rank 0 exited {ranks[0].returncode}; stderr: {message!r}"
     assert "Traceback" not in message
     assert message.startswith("qkv: rank 0: another process of the run died or stopped answering")
     assert f"-m qkv train --resume {run}\n" in message
