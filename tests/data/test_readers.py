@@ -146,11 +146,14 @@ def test_gz_suffix_without_gzip_content(tmp_path: Path) -> None:
         read_lines(path)
 
 
-def test_find_split_prefers_plain_then_gzip(tmp_path: Path) -> None:
+def test_find_split_takes_plain_or_gzip_and_refuses_both(tmp_path: Path) -> None:
     write(tmp_path / "train.de.gz", gzip.compress(b"x\n"))
     assert find_split(tmp_path, "train", "de") == tmp_path / "train.de.gz"
+    write(tmp_path / "train.en", "x\n")
+    assert find_split(tmp_path, "train", "en") == tmp_path / "train.en"
     write(tmp_path / "train.de", "x\n")
-    assert find_split(tmp_path, "train", "de") == tmp_path / "train.de"
+    with pytest.raises(DataError, match=r"both train\.de and train\.de\.gz are here; keep one"):
+        find_split(tmp_path, "train", "de")
 
 
 def test_find_split_takes_valid_and_dev_for_val(tmp_path: Path) -> None:

@@ -30,8 +30,9 @@ SPLIT_NAMES = {"val": ("val", "valid", "dev")}
 
 
 def find_split(data_dir: str | Path, split: str, lang: str) -> Path:
-    """The file of one side of a split ("train", "de"): the first of `{name}.{lang}` and
-    `{name}.{lang}.gz` in `data_dir` that exists, for each name of the split (`SPLIT_NAMES`)."""
+    """The file of one side of a split ("train", "de"): `{name}.{lang}` or `{name}.{lang}.gz`
+    in `data_dir`, for the first name of the split (`SPLIT_NAMES`) that has one; both (one
+    likely a stale copy of the other) are refused."""
     directory = Path(data_dir)
     if not directory.is_dir():
         raise DataError(directory, "not a directory" if directory.exists() else "no such directory")
@@ -41,6 +42,9 @@ def find_split(data_dir: str | Path, split: str, lang: str) -> Path:
         if candidate.is_dir():
             raise DataError(candidate, A_DIRECTORY)
         if candidate.exists():
+            if candidate.suffix != ".gz" and (gzipped := Path(f"{candidate}.gz")).exists():
+                problem = f"both {candidate.name} and {gzipped.name} are here; keep one"
+                raise DataError(directory, problem)
             return candidate
     looked_for = ", ".join(candidate.name for candidate in candidates)
     raise DataError(directory, f"no {split} file for language '{lang}' (looked for {looked_for})")
