@@ -113,6 +113,21 @@ def test_files_with_other_field_names_are_read_by_the_field_flags(
     assert "--text-field names a field of --input's records" in capsys.readouterr().err
 
 
+def test_lines_that_look_like_json_records_are_warned_of(
+    three_class_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    records = write_jsonl(tmp_path / "records.ndjson", make_rows(3, ["pos"], 1))
+    assert main(["classify", str(three_class_run), "--input", str(records)]) == 0
+    assert "warning: the first text looks like a JSON object" in capsys.readouterr().err
+    assert (
+        main(
+            ["classify", str(three_class_run), "--input", str(records.rename(tmp_path / "r.jsonl"))]
+        )
+        == 0
+    )
+    assert capsys.readouterr().err == ""
+
+
 def test_seed_preset_mirrors_the_tutorial() -> None:
     from qkv.presets import classification_preset
 

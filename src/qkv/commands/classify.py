@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import unicodedata
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -32,6 +33,12 @@ def run(args: argparse.Namespace) -> int:
         texts = input_lines(None)
         if empty := [i + 1 for i, t in enumerate(texts) if is_blank(clean_text(t))]:
             raise DataError("<stdin>", "empty text (nothing but spaces or line breaks)", empty[0])
+    if texts and texts[0].strip().startswith("{") and texts[0].strip().endswith("}"):
+        print(
+            "qkv: warning: the first text looks like a JSON object, and is classified whole; "
+            "an --input file named .jsonl gives its records' text field",
+            file=sys.stderr,
+        )
     lines = []
     for text, (label, prob) in zip(texts, classifier.predict(texts), strict=True):
         if args.json:
