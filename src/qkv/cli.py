@@ -106,7 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("task", nargs="?", help="translation or classification")
     add("--resume", metavar="RUN", help="continue the run in RUN exactly")
     add("--out", metavar="RUN", help="run directory to create")
-    add("--preset", help="named configuration to start from")
+    text = "named configuration to start from (default small for translation; for "
+    text += "classification strong, fitted to the data's size)"
+    add("--preset", help=text)
     add("--data", metavar="DIR", help="translation: train/val files live here")
     add("--src", help="translation: source language suffix (default de)")
     add("--tgt", help="translation: target language suffix (default en)")
