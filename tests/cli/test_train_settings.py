@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -102,6 +103,27 @@ def test_the_data_may_be_named_by_its_setting_alone(
     for task, flag in (("classification", "--train FILE"), ("translation", "--data DIR")):
         code, err = qkv(capsys, "train", task, "--out", tmp_path / "none", *TINY)
         assert code == 2 and err == f"qkv: train {task} needs {flag}\n"
+
+
+def test_a_run_with_no_preset_reads_its_training_file_once(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The size that fits the settings to the data is counted on the texts training reads."""
+    import qkv.tasks.classification as classification
+
+    reads: list[Path] = []
+
+    def counted(path: Path, **kwargs: Any) -> tuple[list[str], list[str]]:
+        reads.append(path)
+        return read_labelled(path, **kwargs)
+
+    read_labelled = classification.read_labelled
+    monkeypatch.setattr(classification, "read_labelled", counted)
+    small = ["vocab_size=60", "max_steps=2", "eval_every=2", "d_model=16", "d_ff=32"]
+    argv = ["train", "classification", "--train", LABELLED, "--out", tmp_path / "r", *small]
+    code, err = qkv(capsys, *argv)
+    assert code == 0, err
+    assert reads == [LABELLED]
 
 
 def test_a_given_validation_share_is_the_one_held_out(

@@ -160,15 +160,19 @@ def _train(args: argparse.Namespace, out: Path, values: dict[str, str]) -> Progr
     labelled, model, train = overrides.apply_all(labelled, model, train, values)
     if not labelled.train_file:
         raise ConfigError("train classification needs --train FILE")
-    if args.preset is None:  # read by the fields given (text_field=...)
-        examples = len(labelled.read(labelled.train_file)[0])
+    records = None
+    if args.preset is None:  # read by the fields given (text_field=...), and read once
+        records = labelled.read(labelled.train_file)
+        examples = len(records[0])
         fitted = presets.fitted_classification(examples)
         fitted = {k: v for k, v in fitted.items() if k not in values}
         if fitted:
             settings = " ".join(f"{k}={v}" for k, v in fitted.items())
             print(f"no preset: strong, fitted to {examples:,} texts: {settings}")
             labelled, model, train = overrides.apply_all(labelled, model, train, fitted)
-    return train_classification(labelled, model, train, out, explicit=frozenset(values))
+    return train_classification(
+        labelled, model, train, out, explicit=frozenset(values), train_records=records
+    )
 
 
 def _resume(run_dir: Path, values: dict[str, str]) -> int:

@@ -254,14 +254,19 @@ def run_data(run: RunConfig, run_dir: Path) -> ClassificationData:
 
 
 def prepare(
-    data: ClassificationData, run_dir: Path, tokenizer: Tokenizer | None, seed: int
+    data: ClassificationData,
+    run_dir: Path,
+    tokenizer: Tokenizer | None,
+    seed: int,
+    train_records: tuple[list[str], list[str]] | None = None,
 ) -> tuple[Tokenizer, dict[str, TokenArray], ClassificationData]:
-    """Reads and splits the data, trains the tokenizer (unless given), tokenizes once and
-    caches. A resumed run (`tokenizer` given) must find the text its cache holds."""
+    """Reads (unless `train_records` holds the training file's texts and labels) and splits
+    the data, trains the tokenizer (unless given), tokenizes once and caches. A resumed run
+    (`tokenizer` given) must find the text its cache holds."""
     new_run = tokenizer is None  # a cache found in run_dir was not made with its tokenizer
     cache_path = run_dir / CACHE_FILE
     hints = FIELD_SETTINGS if new_run else None
-    texts, labels = data.read(data.train_file, hints=hints)
+    texts, labels = train_records or data.read(data.train_file, hints=hints)
     digests = {"train": text_digest(texts, labels)}
     if not new_run:
         check_same_data(cache_path, {"train": (Path(data.train_file), digests["train"])})
@@ -335,10 +340,12 @@ def train_classification(
     run_dir: Path,
     resume: RunConfig | None = None,
     explicit: frozenset[str] = frozenset(),
+    train_records: tuple[list[str], list[str]] | None = None,
 ) -> Progress:
     """Trains a text classifier into `run_dir`, or continues the run `resume` (its
     configuration, with changes saved once the data checks out). A new run's schedule is
-    planned from the data's size (`qkv.training.plan`), but for the settings in `explicit`."""
+    planned from the data's size (`qkv.training.plan`), but for the settings in `explicit`.
+    `train_records`: the training file's (texts, labels), if the caller has read them."""
     tokenizer: Tokenizer | None = None
     if resume:
         data, model_config, train_config = run_data(resume, run_dir), resume.model, resume.train
@@ -356,7 +363,9 @@ def train_classification(
     with main_first():  # rank 0 trains the tokenizer and caches the tokens; the others read them
         if tokenizer is None and not is_main():
             tokenizer = load_tokenizer(run_dir)
-        tokenizer, corpora, data = prepare(data, run_dir, tokenizer, train_config.seed)
+        tokenizer, corpora, data = prepare(
+            data, run_dir, tokenizer, train_config.seed, None if resume else train_records
+        )
     if not resume:
         model_config = replace(
             model_config,
