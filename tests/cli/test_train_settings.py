@@ -126,6 +126,24 @@ def test_a_run_with_no_preset_reads_its_training_file_once(
     assert reads == [LABELLED]
 
 
+def test_a_file_with_other_common_field_names_trains_without_flags(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """GLUE's SST-2 files name the text `sentence`: a new run finds it and says so."""
+    rows = [json.loads(line) for line in LABELLED.read_text().splitlines() if line.strip()]
+    sst = tmp_path / "train.tsv"
+    sst.write_text("sentence\tlabel\n" + "".join(f"{r['text']}\t{r['label']}\n" for r in rows))
+    tiny = ["--preset", "tiny", "vocab_size=60", "max_steps=2", "eval_every=2"]
+    capsys.readouterr()
+    assert (
+        main(["train", "classification", "--train", str(sst), "--out", str(tmp_path / "r"), *tiny])
+        == 0
+    )
+    assert "reading texts from 'sentence'" in capsys.readouterr().out
+    config = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert config["data"]["text_field"] == "sentence"
+
+
 def test_a_given_validation_share_is_the_one_held_out(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from qkv.errors import ConfigError, DataError
-from qkv.tasks.classification import ClassificationData, label_notes, prepare, sorted_labels
+from qkv.tasks.classification import (
+    ClassificationData,
+    found_fields,
+    label_notes,
+    prepare,
+    sorted_labels,
+)
 
 
 def test_labels_sort_as_numbers_only_when_they_are_ascii_integers() -> None:
@@ -78,3 +84,40 @@ def test_validation_texts_that_are_training_texts_are_warned_of(
     assert (
         "warning: 20 of the 20 validation texts are training texts too" in capsys.readouterr().out
     )
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "fields", "note"),
+    [
+        ("sst.tsv", "sentence\tlabel\ngood\t1\n", ("sentence", "label"), "texts from 'sentence'"),
+        (
+            "reviews.jsonl",
+            '\n{"Review": "good", "sentiment": "pos"}\n',
+            ("Review", "sentiment"),
+            "labels from 'sentiment' and texts from 'Review'",
+        ),
+        ("ids.csv", "id,body,label\n1,good,1\n", ("body", "label"), "texts from 'body'"),
+        ("two.csv", "title,body,label\nA,good,1\n", ("text", "label"), ""),  # two candidates
+        ("one.csv", "idx,comment,label\n1,good,1\n", ("comment", "label"), "texts from 'comment'"),
+        ("ids.tsv", "id\tlabel\n1\tgood\n", ("text", "label"), ""),  # an id is no text
+        ("plain.csv", "text,label\ngood,1\n", ("text", "label"), ""),
+        ("broken.jsonl", "[1, 2]\n", ("text", "label"), ""),  # the full read says why
+    ],
+)
+def test_a_new_runs_fields_are_found_among_common_names(
+    tmp_path: Path, name: str, content: str, fields: tuple[str, str], note: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(content)
+    data = ClassificationData(train_file=str(path))
+    found = found_fields(data, given=())
+    assert (data.text_field, data.label_field) == fields
+    assert found == (f"reading {note} (text_field= and label_field= name others)" if note else "")
+
+
+def test_fields_given_are_kept_as_given(tmp_path: Path) -> None:
+    path = tmp_path / "sst.tsv"
+    path.write_text("sentence\tlabel\ngood\t1\n")
+    data = ClassificationData(train_file=str(path))
+    assert found_fields(data, given=("text_field",)) == ""
+    assert data.text_field == "text"

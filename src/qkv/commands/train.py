@@ -151,7 +151,7 @@ def _train(args: argparse.Namespace, out: Path, values: dict[str, str]) -> Progr
         if not data.data_dir:
             raise ConfigError("train translation needs --data DIR")
         return train_translation(data, model, train, out, explicit=frozenset(values))
-    from qkv.tasks.classification import train_classification
+    from qkv.tasks.classification import found_fields, train_classification
 
     model, train, labelled = presets.classification_preset(args.preset or "strong")
     labelled.train_file, labelled.valid_file = args.train or "", args.valid or ""
@@ -160,6 +160,8 @@ def _train(args: argparse.Namespace, out: Path, values: dict[str, str]) -> Progr
     labelled, model, train = overrides.apply_all(labelled, model, train, values)
     if not labelled.train_file:
         raise ConfigError("train classification needs --train FILE")
+    if note := found_fields(labelled, values):
+        print(note)
     records = None
     if args.preset is None:  # read by the fields given (text_field=...), and read once
         records = labelled.read(labelled.train_file)

@@ -122,6 +122,33 @@ def read_texts(
     return [_check_text(path, text, text_field, line, clean) for line, (text,) in records]
 
 
+def record_fields(path: str | Path) -> list[str]:
+    """The field names of a labelled file, from its header (CSV, TSV) or its first record
+    (JSONL), as far as its first lines show them; [] where they do not (the full read then
+    says why)."""
+    suffix = _format_suffix(Path(path))
+    try:
+        lines = next(line_chunks(path, 64, allow_empty=True), [])
+    except (DataError, OSError):
+        return []
+    first = next((line for line in lines if not is_blank(line)), "")
+    if suffix in (".csv", ".tsv"):
+        tsv = suffix == ".tsv"
+        header = [first]
+        reader = (
+            csv.reader(header, delimiter="\t", quoting=csv.QUOTE_NONE)
+            if tsv
+            else csv.reader(header)
+        )
+        row = next(reader, [])
+        return [name.strip() for name in row]
+    try:
+        record = json.loads(first) if suffix in (".jsonl", ".json") else None
+    except (ValueError, RecursionError):
+        return []
+    return [str(key) for key in record] if isinstance(record, dict) else []
+
+
 def _format_suffix(path: Path) -> str:
     return Path(path.name.lower().removesuffix(".gz")).suffix
 

@@ -30,7 +30,7 @@ from qkv.data.cache import (
     text_digest,
 )
 from qkv.data.lines import CHUNK_LINES
-from qkv.data.readers import read_labelled
+from qkv.data.readers import read_labelled, record_fields
 from qkv.data.token_array import TokenArray, id_lists, token_array
 from qkv.data.tokenizer import Tokenizer, check_vocabulary, size_note
 from qkv.errors import CheckpointError, ConfigError, DataError
@@ -111,6 +111,34 @@ class ClassificationData:
                 f"valid_fraction is the share of the training file held out for validation, "
                 f"between 0 and 1 (both excluded); got {self.valid_fraction}"
             )
+
+
+TEXT_NAMES = ("text", "sentence", "review", "content", "document")  # the commonest in data sets
+LABEL_NAMES = ("label", "labels", "sentiment", "polarity", "class", "category", "target")
+ID_NAMES = ("id", "idx", "index", "guid")  # never taken for the text
+
+
+def found_fields(data: ClassificationData, given: Collection[str]) -> str:
+    """For a new run whose training file lacks the default fields, those of its fields that
+    data sets commonly name so (`TEXT_NAMES`, `LABEL_NAMES`, in any case; for the text, else
+    the one field besides the label and an id), set on `data` unless `given`; a note saying
+    which."""
+    fields = record_fields(data.train_file)
+    by_name = {name.casefold(): name for name in fields}
+    notes = []
+    label = next((by_name[n] for n in LABEL_NAMES if n in by_name), None)
+    if label and "label_field" not in given and data.label_field not in fields:
+        data.label_field = label
+        notes.append(f"labels from '{label}'")
+    if "text_field" not in given and data.text_field not in fields:
+        others = [n for n in fields if n != data.label_field and n.casefold() not in ID_NAMES]
+        found = next((by_name[n] for n in TEXT_NAMES if n in by_name), None)
+        if found := found or (others[0] if len(others) == 1 else None):
+            data.text_field = found
+            notes.append(f"texts from '{found}'")
+    if not notes:
+        return ""
+    return f"reading {' and '.join(notes)} (text_field= and label_field= name others)"
 
 
 def sorted_labels(values: list[str]) -> list[str]:
