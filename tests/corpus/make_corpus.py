@@ -138,10 +138,10 @@ def make_labelled() -> None:
     write(out / "bad_utf8.jsonl", jsonl(good[:2]) + b'{"text": "caf\xe9", "label": "pos"}\n')
     packed = gzip_bytes(jsonl(good))
     write(out / "truncated.jsonl.gz", packed[: len(packed) // 2])
-    write(out / "missing_column.csv", b"sentence,label\nfine film,pos\n")
+    write(out / "missing_column.csv", b"title,body,label\nA,fine film,pos\n")
     write(out / "wrong_fields.csv", b"text,label\nfine film,pos\ntoo,many,fields\n")
     write(out / "unclosed_quote.csv", b'text,label\nfine film,pos\n"never closed,neg\n')
-    write(out / "missing_column.tsv", b"text\tsentiment\nfine film\tpos\n")
+    write(out / "missing_column.tsv", b"text\tstars\nfine film\tpos\n")
     write(out / "unknown_format.xml", b"<review label='pos'>fine film</review>\n")
     write(out / "empty.jsonl", b"\n\n")
     surrogate = {"text": "bad \ud800 text", "label": "pos"}

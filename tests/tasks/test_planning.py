@@ -43,21 +43,19 @@ def test_a_run_without_a_preset_plans_from_the_data(
 def test_a_run_without_a_preset_reads_the_fields_it_is_given(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rows = [
-        {"sentence": r["text"], "polarity": r["label"]} for r in make_rows(100, ["pos", "neg"], 1)
-    ]
+    rows = [{"phrase": r["text"], "stars": r["label"]} for r in make_rows(100, ["pos", "neg"], 1)]
     train = write_jsonl(tmp_path / "train.jsonl", rows)
     run = tmp_path / "run"
     args = ["train", "classification", "--train", str(train), "--out", str(run)]
     small = ["d_model=32", "d_ff=64", "n_heads=2", "n_encoder_layers=1", "vocab_size=200"]
-    fields = ["text_field=sentence", "label_field=polarity"]
+    fields = ["text_field=phrase", "label_field=stars"]
     assert main([*args, *small, *fields, "max_steps=4"]) == 0
     assert "no preset: strong, fitted to 100 texts" in capsys.readouterr().out
     assert json.loads((run / "config.json").read_text())["data"]["labels"] == ["neg", "pos"]
     # Without them, the error names the setting that chooses the field.
     assert main([*args[:-1], str(tmp_path / "run2")]) == 2
     assert (
-        "missing field 'text' (fields: 'sentence', 'polarity'); name another with "
+        "missing field 'text' (fields: 'phrase', 'stars'); name another with "
         "text_field=NAME" in capsys.readouterr().err
     )
 
