@@ -248,13 +248,13 @@ def device_name(args: argparse.Namespace) -> str:
 
 def decode_options(args: argparse.Namespace, sampling: bool = False) -> dict[str, Any]:
     """The keywords of `Translator.translate` that the options of `_add_decoding` set."""
+    from qkv.inference.translate import SAMPLING_FIELDS
+
     options = {name: getattr(args, name) for name in ("max_len_a", "max_len_b", "workers", "bf16")}
     if sampling:
         options.update(sampling=args.sample, cuda_graphs=not args.no_cuda_graphs)
     if sampling and args.sample:
-        options.update(
-            {name: getattr(args, name) for name in ("temperature", "top_k", "top_p", "seed")}
-        )
+        options.update({name: getattr(args, name) for name in SAMPLING_FIELDS})
     else:
         options.update(beam_size=args.beam, alpha=args.alpha)
     return options

@@ -14,7 +14,7 @@ from qkv.commands.io import check_output, input_lines, write_lines
 from qkv.data.readers import is_blank, read_texts
 from qkv.errors import ConfigError, DataError
 
-FIELD_FLAGS = ("--text-field NAME", "--label-field NAME")  # how evaluate names other fields
+FIELD_FLAGS = ("--text-field NAME", "--label-field NAME")  # how the commands name other fields
 
 
 def run(args: argparse.Namespace) -> int:
@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     classifier = Classifier.load(args.run_dir, device_name(args))
     if args.input:
         field = args.text_field or classifier.data.text_field
-        hint = "--text-field NAME"
+        hint = FIELD_FLAGS[0]
         texts = read_texts(Path(args.input), text_field=field, clean=clean_text, hint=hint)
     else:
         texts = input_lines(None)

@@ -11,6 +11,7 @@ import unicodedata
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from pathlib import Path
+from typing import Any
 
 from qkv.data.lines import A_DIRECTORY, NO_FILE, count_lines, is_blank, line_chunks, read_text
 from qkv.errors import DataError
@@ -99,7 +100,7 @@ def read_labelled(
         labels.append(_check_label(path, label, label_field, line))
         if known_labels is not None and labels[-1] not in known_labels:
             known = ", ".join(known_labels)
-            label = _short_text(labels[-1])
+            label = short_text(labels[-1])
             raise DataError(path, f"unknown label {label!r} (known labels: {known})", line)
     return texts, labels
 
@@ -133,15 +134,7 @@ def record_fields(path: str | Path) -> list[str]:
         return []
     first = next((line for line in lines if not is_blank(line)), "")
     if suffix in (".csv", ".tsv"):
-        tsv = suffix == ".tsv"
-        header = [first]
-        reader = (
-            csv.reader(header, delimiter="\t", quoting=csv.QUOTE_NONE)
-            if tsv
-            else csv.reader(header)
-        )
-        row = next(reader, [])
-        return [name.strip() for name in row]
+        return [name.strip() for name in next(_table_reader([first], suffix == ".tsv"), [])]
     try:
         record = json.loads(first) if suffix in (".jsonl", ".json") else None
     except (ValueError, RecursionError):
@@ -204,7 +197,7 @@ def _read_table(
 ) -> list[tuple[int, list[object]]]:
     text = io.StringIO(read_text(path), newline="")
     csv.field_size_limit(max(csv.field_size_limit(), FIELD_SIZE_LIMIT))
-    reader = csv.reader(text, delimiter="\t", quoting=csv.QUOTE_NONE) if tsv else csv.reader(text)
+    reader = _table_reader(text, tsv)
     records: list[tuple[int, list[object]]] = []
     columns: list[str] | None = None
     positions: list[int] = []
@@ -236,12 +229,17 @@ def _read_table(
     return records
 
 
+def _table_reader(lines: Iterable[str], tsv: bool) -> Any:
+    """A CSV reader of `lines`; for TSV, split on tabs with no quoting."""
+    return csv.reader(lines, delimiter="\t", quoting=csv.QUOTE_NONE) if tsv else csv.reader(lines)
+
+
 def _column_position(
     path: str | Path, columns: list[str], field: str, another: str, line: int
 ) -> int:
     """Where `field` is in the header on `line`."""
     if field not in columns:
-        available = ", ".join(repr(_short_text(name)) for name in columns[:8])
+        available = ", ".join(repr(short_text(name)) for name in columns[:8])
         available += ", ..." if len(columns) > 8 else ""
         problem = f"missing column '{field}' (columns: {available}){another}"
         raise DataError(path, problem, line=line)
@@ -267,7 +265,7 @@ def _check_text(
     if is_blank(value):
         raise DataError(path, f"empty '{field}'", line=line)
     if clean is not None and is_blank(clean(value)):
-        raise DataError(path, f"'{field}' is empty once cleaned: {_short_text(value)!r}", line=line)
+        raise DataError(path, f"'{field}' is empty once cleaned: {short_text(value)!r}", line=line)
     return value
 
 
@@ -314,7 +312,7 @@ def _check_label(path: str | Path, value: object, field: str, line: int) -> str:
     if control := next((c for c in label if unicodedata.category(c) == "Cc"), None):
         raise DataError(
             path,
-            f"'{field}' {_short_text(label)!r} holds the control character {control!r}; "
+            f"'{field}' {short_text(label)!r} holds the control character {control!r}; "
             "a label is one line of text",
             line=line,
         )
@@ -333,10 +331,11 @@ def _json_problem(error: Exception, line: str) -> str:
 
 
 def _short(error: Exception) -> str:
-    return _short_text(str(error).splitlines()[0] if str(error) else type(error).__name__, 120)
+    return short_text(str(error).splitlines()[0] if str(error) else type(error).__name__, 120)
 
 
-def _short_text(text: str, limit: int = 40) -> str:
+def short_text(text: str, limit: int = 40) -> str:
+    """`text` cut to `limit` characters, "..." included, for a message."""
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

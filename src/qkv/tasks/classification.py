@@ -30,7 +30,7 @@ from qkv.data.cache import (
     text_digest,
 )
 from qkv.data.lines import CHUNK_LINES
-from qkv.data.readers import read_labelled, record_fields
+from qkv.data.readers import read_labelled, record_fields, short_text
 from qkv.data.token_array import TokenArray, id_lists, token_array
 from qkv.data.tokenizer import Tokenizer, check_vocabulary, size_note
 from qkv.errors import CheckpointError, ConfigError, DataError
@@ -249,7 +249,7 @@ def label_notes(names: Sequence[str], labels: Sequence[str], field: str) -> list
     """A line naming the labels with their training examples, and warnings for a label that
     looks like a mistake: the label column's name (a second header row) or a single example."""
     counts = Counter(labels)
-    listed = ", ".join(f"{_cut(name)} {counts[name]:,}" for name in names[:10])
+    listed = ", ".join(f"{short_text(name)} {counts[name]:,}" for name in names[:10])
     more = f", and {len(names) - 10} more" if len(names) > 10 else ""
     notes = [f"{len(names)} labels, with their training examples: {listed}{more}"]
     header = [name for name in names if name.casefold() == field.casefold()]
@@ -260,13 +260,9 @@ def label_notes(names: Sequence[str], labels: Sequence[str], field: str) -> list
     return notes
 
 
-def _cut(label: str) -> str:
-    return label if len(label) <= 40 else label[:37] + "..."
-
-
 def shown(labels: Sequence[str], limit: int = 5) -> str:
     """The first `limit` labels for a message, each cut to 40 characters."""
-    return ", ".join(map(_cut, labels[:limit])) + (", ..." if len(labels) > limit else "")
+    return ", ".join(map(short_text, labels[:limit])) + (", ..." if len(labels) > limit else "")
 
 
 def run_data(run: RunConfig, run_dir: Path) -> ClassificationData:

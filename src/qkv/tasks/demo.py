@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from qkv.errors import ConfigError
+from qkv.errors import ConfigError, QkvError
 from qkv.fits import fits
 from qkv.model.config import ModelConfig
 from qkv.tasks.dates import generate_date_pairs
@@ -183,7 +183,6 @@ def check_out(out_dir: Path) -> None:
 def _a_demo_run(run_dir: Path) -> bool:
     """Whether `run_dir` is empty, or a run the demo trained (wherever it has moved since):
     the demo's model on the demo's `src`/`tgt` files."""
-    from qkv.errors import QkvError
     from qkv.run import RunConfig
 
     if run_dir.is_dir() and not any(run_dir.iterdir()):
