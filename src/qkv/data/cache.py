@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 import numpy as np
 from safetensors import SafetensorError, safe_open
@@ -76,13 +76,20 @@ def text_digest(*columns: Sequence[str]) -> str:
     return digest.hexdigest()
 
 
+class _Digest(Protocol):
+    """What `hashlib.sha256()` returns, as far as a part uses it (hashlib names no public type)."""
+
+    def update(self, data: bytes, /) -> None: ...
+    def hexdigest(self) -> str: ...
+
+
 @dataclass
 class _Part:
     """One tensor as it is written: a file of its own, its SHA-256 and its number of entries."""
 
     file: BinaryIO
     dtype: str  # "I64" or "I32", as safetensors names it
-    sha: hashlib._Hash = field(default_factory=hashlib.sha256)
+    sha: _Digest = field(default_factory=hashlib.sha256)
     entries: int = 0
 
     def write(self, values: np.ndarray) -> None:
