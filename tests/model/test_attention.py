@@ -295,3 +295,13 @@ def test_rejects_a_mask_that_does_not_broadcast_to_batch_heads_queries_keys(batc
             attn(query, memory, memory, mask)
     for mask in (torch.ones(batch, 1, 1, 5, dtype=torch.bool), torch.ones(1, 2, 3, 5).bool()):
         assert attn(query, memory, memory, mask)[0].shape == (batch, 3, 16)
+
+
+def test_the_written_out_attention_checks_its_mask() -> None:
+    q, k = torch.randn(2, 2, 3, 4), torch.randn(2, 2, 5, 4)  # (B, H, T, K), (B, H, S, K)
+    with pytest.raises(TypeError, match="mask must be boolean"):
+        scaled_dot_product_attention(q, k, k, torch.ones(2, 1, 1, 5))
+    with pytest.raises(ValueError, match=r"mask must broadcast to \(B, H, T, S\) = \(2, 2, 3, 5\)"):
+        scaled_dot_product_attention(q, k, k, torch.ones(2, 1, 1, 4, dtype=torch.bool))
+    context, weights = scaled_dot_product_attention(q, k, k, torch.ones(2, 1, 3, 5).bool())
+    assert context.shape == (2, 2, 3, 4) and weights.shape == (2, 2, 3, 5)

@@ -39,6 +39,13 @@ def test_positions_beyond_max_len_are_refused(positions: str) -> None:
         embeddings(torch.ones(1, 21, dtype=torch.long))
     with pytest.raises(ValueError, match=r"sequence of 21 positions exceeds"):
         embeddings(torch.ones(1, 2, dtype=torch.long), offset=19)
+    table = embeddings.positions  # used alone, as the walk-through does
+    assert table(2, offset=18).shape == (2, 16)
+    for length, offset, first, last in ((2, 19, 19, 20), (1, 20, 20, 20), (1, -1, -1, -1)):
+        with pytest.raises(
+            ValueError, match=f"positions {first} to {last} are outside the table of 20 positions"
+        ):
+            table(length, offset)
 
 
 def test_embeddings_are_token_plus_position_then_dropout() -> None:

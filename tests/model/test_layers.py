@@ -62,6 +62,16 @@ def test_feed_forward_is_two_linear_layers_around_the_activation() -> None:
     torch.testing.assert_close(dropped, ffn.linear2(F.dropout(F.gelu(hidden), 0.5)))
 
 
+def test_an_unknown_activation_is_refused() -> None:
+    for activation in ("GELU", "tanh"):
+        with pytest.raises(
+            ValueError, match=f"activation must be 'relu' or 'gelu', got '{activation}'"
+        ):
+            FeedForward(D, FF, 0.0, activation)
+        with pytest.raises(ValueError, match="activation must be"):
+            EncoderLayer(D, 2, FF, 0.0, activation=activation)
+
+
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 def test_encoder_layer_equals_torch_transformer_encoder_layer(

@@ -142,6 +142,26 @@ def test_inputs_that_do_not_pair_up_are_refused(model: Seq2SeqTransformer) -> No
         model(src, torch.full((2, 3), 40))
     with pytest.raises(ValueError, match=r"source ids must be \(B, L\) token ids"):
         model(src[0], tgt)
+    memory, src_mask, _ = model.encode(src)
+    with pytest.raises(ValueError, match=r"memory must be \(B, S, D\), got shape \(5, 32\)"):
+        model.decode(tgt[:, :1], memory[0], src_mask)
+
+
+def test_decode_step_checks_its_tokens(model: Seq2SeqTransformer) -> None:
+    memory, src_mask, _ = model.encode(random_ids(2, 5))
+    cache = model.init_cache(memory, src_mask, 4)
+    shape = r"tokens must be a tensor of shape \(2,\), the newest token of each row"
+    for wrong, message in (
+        (torch.ones(2, 1, dtype=torch.long), shape + r".*got \(2, 1\)"),  # (N, 1), as forward
+        (torch.ones(3, dtype=torch.long), shape + r".*got \(3,\)"),
+        ([1, 1], shape + ".*got list"),
+        (torch.tensor([40, 1]), r"tokens holds token id 40, outside the vocabulary"),
+        (torch.ones(2), r"tokens must hold int64"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            model.decode_step(wrong, cache)  # type: ignore[arg-type]
+    assert cache.length == 0  # nothing was appended
+    assert model.decode_step(torch.ones(2, dtype=torch.long), cache).shape == (2, 40)
 
 
 @pytest.mark.parametrize("task", ["copy", "reverse"])

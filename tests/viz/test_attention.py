@@ -130,7 +130,7 @@ def test_select_all_panels() -> None:
 
 def test_select_some_layers_and_heads() -> None:
     maps = attention_maps()
-    panels = select_panels(maps, QUERY_TOKENS, KEY_TOKENS, layers=[1], heads=[3, 0])
+    panels = select_panels(maps, QUERY_TOKENS, KEY_TOKENS, layers=[1, 1], heads=[3, 0, 3])
     assert [p.title for p in panels] == [
         "encoder self · layer 1 · head 3",
         "encoder self · layer 1 · head 0",

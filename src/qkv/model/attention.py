@@ -34,6 +34,7 @@ def scaled_dot_product_attention(
         context (B, H, T, K) and weights (B, H, T, S); a row with every key masked gets zero
         weights (and a zero context), as the fused kernel gives.
     """
+    check_mask(mask, shape=(*q.shape[:3], k.size(-2)))
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, T, S)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -156,11 +157,4 @@ class MultiHeadAttention(nn.Module):
                 "query, key and value must have one batch size, and key and value one length; "
                 f"got {', '.join(map(str, shapes))}"
             )
-        full = (shapes[0][0], self.n_heads, shapes[0][1], shapes[1][1])  # (B, H, T, S)
-        if mask is not None and (
-            mask.dim() != 4 or any(m not in (1, n) for m, n in zip(mask.shape, full, strict=True))
-        ):
-            raise ValueError(
-                f"mask must broadcast to (B, H, T, S) = {full}, as (B, 1, 1, S) or (B, 1, T, S) "
-                f"do; got {tuple(mask.shape)}"
-            )
+        check_mask(mask, shape=(shapes[0][0], self.n_heads, shapes[0][1], shapes[1][1]))

@@ -13,7 +13,9 @@ from qkv.model.masks import padding_mask
 
 
 class TextClassifier(nn.Module):
-    """Encoder + pooling (masked mean, or the first, [CLS], position) + dropout + linear head."""
+    """Encoder + pooling + dropout + linear head. Pooling is the mean over the real tokens, or
+    with `pooling="cls"` the first position, where the caller puts a [CLS] token (the training
+    data and `qkv.inference.Classifier` do)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()

@@ -28,7 +28,7 @@ class ModelConfig:
     d_ff: int = 2048  # inner width of the position-wise feed-forward network
     n_encoder_layers: int = 6  # N in the paper
     n_decoder_layers: int = 6  # 0 for a classifier
-    dropout: float = 0.1  # on embeddings and every sub-layer output (P_drop)
+    dropout: float = 0.1  # on embeddings, sub-layer outputs (P_drop) and the FFN's hidden layer
     attention_dropout: float = 0.0  # on the attention weights
     activation: Activation = "relu"  # of the feed-forward network
     norm_first: bool = False  # False: post-norm as in the paper; True: pre-norm + final norms

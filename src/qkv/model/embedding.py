@@ -66,7 +66,7 @@ class SinusoidalPositions(nn.Module):
 
     def forward(self, length: int, offset: int = 0) -> Tensor:
         """Positions offset .. offset+length-1 -> (length, D)."""
-        return self.table[offset : offset + length]
+        return table_rows(self.table, length, offset)
 
 
 class LearnedPositions(nn.Module):
@@ -78,7 +78,17 @@ class LearnedPositions(nn.Module):
 
     def forward(self, length: int, offset: int = 0) -> Tensor:
         """Positions offset .. offset+length-1 -> (length, D)."""
-        return self.table.weight[offset : offset + length]
+        return table_rows(self.table.weight, length, offset)
+
+
+def table_rows(table: Tensor, length: int, offset: int) -> Tensor:
+    """Rows offset .. offset+length-1 of a (max_len, D) positions table, which must hold them."""
+    if offset < 0 or length < 0 or offset + length > table.size(0):
+        raise ValueError(
+            f"positions {offset} to {offset + length - 1} are outside the table of "
+            f"{table.size(0)} positions (max_len)"
+        )
+    return table[offset : offset + length]
 
 
 class Embeddings(nn.Module):

@@ -18,6 +18,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, dropout: float, activation: str = "relu"):
         super().__init__()
+        if activation not in ("relu", "gelu"):
+            raise ValueError(f"activation must be 'relu' or 'gelu', got {activation!r}")
         self.linear1 = nn.Linear(d_model, d_ff)
         self.activation = nn.GELU() if activation == "gelu" else nn.ReLU()
         self.dropout = nn.Dropout(dropout)

@@ -43,15 +43,28 @@ def decoder_self_mask(tgt_ids: Tensor, pad_id: int) -> Tensor:
     return padding_mask(tgt_ids, pad_id) & causal_mask(tgt_ids.size(1), tgt_ids.device)
 
 
-def check_mask(mask: Tensor | None, name: str = "mask") -> None:
+def check_mask(
+    mask: Tensor | None, name: str = "mask", shape: tuple[int, int, int, int] | None = None
+) -> None:
     """Refuse a non-boolean mask: the fused kernel adds a float mask of 0s and 1s to the scores,
-    and so silently attends where it should not.
+    and so silently attends where it should not. Given the scores' `shape` (B, H, T, S), refuse
+    a mask that does not broadcast to it as (B, 1, 1, S) and (B, 1, T, S) do.
 
     Raises:
         TypeError: if `mask` is not None and not of dtype torch.bool.
+        ValueError: if `mask` does not broadcast to `shape`.
     """
-    if mask is not None and mask.dtype != torch.bool:
+    if mask is None:
+        return
+    if mask.dtype != torch.bool:
         raise TypeError(
             f"{name} must be boolean (True = may attend), got {mask.dtype}; "
             "see qkv.model.masks for how to build one"
+        )
+    if shape is not None and (
+        mask.dim() != 4 or any(m not in (1, n) for m, n in zip(mask.shape, shape, strict=True))
+    ):
+        raise ValueError(
+            f"{name} must broadcast to (B, H, T, S) = {shape}, as (B, 1, 1, S) or (B, 1, T, S) "
+            f"do; got {tuple(mask.shape)}"
         )

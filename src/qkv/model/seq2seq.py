@@ -76,6 +76,8 @@ class Seq2SeqTransformer(nn.Module):
 
     def _check_targets(self, tgt_ids: Tensor, memory: Tensor) -> None:
         check_ids(tgt_ids, self.config.target_vocab_size, "target ids")
+        if memory.dim() != 3:
+            raise ValueError(f"memory must be (B, S, D), got shape {tuple(memory.shape)}")
         if tgt_ids.size(0) != memory.size(0):
             raise ValueError(
                 f"{memory.size(0)} source rows but {tgt_ids.size(0)} target rows: a batch pairs "
@@ -88,6 +90,13 @@ class Seq2SeqTransformer(nn.Module):
 
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
         """tokens (N,), the newest of each row -> next-token logits (N, V)."""
+        shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
+        if shape != (cache.rows,):
+            raise ValueError(
+                f"tokens must be a tensor of shape ({cache.rows},), the newest token of each "
+                f"row of the cache, got {shape}"
+            )
+        check_ids(tokens[:, None], self.config.target_vocab_size, "tokens")
         states = self.decoder.step(tokens[:, None], cache)[:, 0]  # (N, D)
         return self.output(states)  # (N, V)
 

@@ -104,10 +104,10 @@ def _checked_indices(wanted: Sequence[int] | None, count: int, what: str, kind: 
     for index in wanted:
         if not 0 <= index < count:
             raise QkvError(
-                f"{what} {index} is out of range: the {kind} attention has {count} {what}s "
-                f"(0..{count - 1})"
+                f"{what} {index} is out of range: the {kind} attention has {count} "
+                f"{what}{'s' if count > 1 else ''} (0..{count - 1})"
             )
-    return list(wanted)
+    return list(dict.fromkeys(wanted))
 
 
 def plot_attention(
