@@ -70,22 +70,51 @@ def test_exported_run_decodes_as_the_torch_engine(run: Path, options: DecodeOpti
 )
 def test_every_supported_shape_converts_exactly(tmp_path: Path, shape: dict[str, object]) -> None:
     """Random weights (whose outputs run to their budgets) in each architecture option."""
+    model = random_model(**shape)
+    engine = exported(model, tmp_path)
+    ids = random_sources()
+    for options in OPTIONS[:3]:
+        assert engine.translate_ids(ids, options) == translate_ids(model, ids, options, cpu())
+
+
+def test_an_empty_translation_is_found_as_the_torch_engine_finds_it(tmp_path: Path) -> None:
+    """EOS as the first token (CTranslate2 bans it there unless told otherwise)."""
+    model = random_model(tie_embeddings=False)
+    ids = random_sources()
+    with torch.no_grad():  # the EOS row along the first step's states: EOS comes first
+        memory, src_mask, _ = model.encode(torch.tensor([ids[0]]))
+        first = model.decode(torch.tensor([[BOS_ID]]), memory, src_mask)[0, 0]  # (D,)
+        model.output.weight[EOS_ID] = 5 * first
+    engine = exported(model, tmp_path)
+    for options in OPTIONS[:2]:
+        expected = translate_hypotheses(model, ids, options, cpu(), n_best=1)
+        assert expected[0][0][0] == []  # the empty translation
+        found = engine.translate_hypotheses(ids, options, n_best=1)
+        assert [h[0][0] for h in found] == [h[0][0] for h in expected]
+        assert [h[0][1] for h in found] == pytest.approx([h[0][1] for h in expected], rel=2e-4)
+
+
+def random_model(**shape: object) -> Seq2SeqTransformer:
     config = ModelConfig(
         vocab_size=50, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2,
         n_decoder_layers=2, max_len=64, **shape,  # type: ignore[arg-type]
     )  # fmt: skip
-    model = Seq2SeqTransformer(config).eval()
+    return Seq2SeqTransformer(config).eval()
+
+
+def exported(model: Seq2SeqTransformer, directory: Path) -> CTranslate2Engine:
     vocab = ["<pad>", "<s>", "</s>", "<unk>", "<cls>"] + [f"t{i}" for i in range(45)]
     spec = transformer_spec(model, vocab)
     spec.validate()
     spec.optimize()
-    spec.save(str(tmp_path))
-    (tmp_path / NOTE_FILE).write_text(json.dumps({"max_len": config.max_len}))
+    spec.save(str(directory))
+    (directory / NOTE_FILE).write_text(json.dumps({"max_len": model.config.max_len}))
+    return CTranslate2Engine(directory, vocab, cpu())
+
+
+def random_sources() -> list[list[int]]:
     generator = torch.Generator().manual_seed(0)
-    ids = [torch.randint(5, 50, (n,), generator=generator).tolist() for n in (3, 9, 17, 30)]
-    engine = CTranslate2Engine(tmp_path, vocab, cpu())
-    for options in OPTIONS[:3]:
-        assert engine.translate_ids(ids, options) == translate_ids(model, ids, options, cpu())
+    return [torch.randint(5, 50, (n,), generator=generator).tolist() for n in (3, 9, 17, 30)]
 
 
 @pytest.mark.parametrize("beam", [1, 4])
@@ -122,8 +151,13 @@ def test_sampling_draws_from_the_filtered_distribution(run: Path) -> None:
     ids = sources(translator, run)
     engine = CTranslate2Engine(cached_export(run, None), vocabulary(translator), cpu())
     greedy = translate_ids(translator.model, ids, DecodeOptions(), cpu())
-    for narrow in (DecodeOptions(sampling=True, top_k=1), DecodeOptions(sampling=True, top_p=1e-6)):
-        assert engine.translate_ids(ids, narrow) == greedy
+    for narrow in (
+        DecodeOptions(sampling=True, top_k=1),
+        DecodeOptions(sampling=True, top_p=1e-46),
+    ):
+        assert engine.translate_ids(ids, narrow) == greedy  # 1e-46: 0 in float32
+    wide = DecodeOptions(sampling=True, top_k=10**6, temperature=1e-4)  # every token, near greedy
+    assert engine.translate_ids(ids, wide) == greedy
     sampled = engine.translate_ids(ids, DecodeOptions(sampling=True, temperature=1.5, seed=3))
     assert len(sampled) == len(ids) and sampled != greedy
     tokens = {token for row in sampled for token in row}
@@ -196,6 +230,28 @@ def test_refusals_are_one_line(run: Path, tmp_path: Path) -> None:
     assert (taken / "mine.txt").read_text() == "keep me"
     with pytest.raises(ConfigError, match="--quantize must be one of"):
         export_run(run, tmp_path / "out", "int4")
+    export = export_run(run, tmp_path / "export")
+    (export / "notes.txt").write_text("keep me")  # a file of the user's in an export
+    with pytest.raises(ConfigError, match=r"holds files an export does not write \(notes.txt\)"):
+        export_run(run, export, "int8")
+    assert (export / "notes.txt").read_text() == "keep me"
+    assert json.loads((export / NOTE_FILE).read_text())["quantize"] is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export", "taken"]  # no temp dirs
+
+
+def test_an_export_deploys_with_ctranslate2_and_tokenizers_alone(run: Path, tmp_path: Path) -> None:
+    """The export holds the tokenizer: docs/deploy.md's snippet needs nothing of qkv's."""
+    import ctranslate2
+    import tokenizers
+
+    export = export_run(run, tmp_path / "export")
+    tokenizer = tokenizers.Tokenizer.from_file(str(export / "tokenizer.json"))
+    lines = (run.parent / "data" / "val.src").read_text().splitlines()[:8]
+    tokens = [tokenizer.encode(line).tokens for line in lines]
+    found = ctranslate2.Translator(str(export)).translate_batch(tokens, beam_size=1)
+    ids = [[tokenizer.token_to_id(t) for t in result.hypotheses[0]] for result in found]
+    expected = Translator.load(run).translate(lines, beam_size=1, max_len_a=0.0, max_len_b=256)
+    assert [tokenizer.decode(row) for row in ids] == expected
 
 
 def test_the_torch_engines_options_are_refused(run: Path) -> None:

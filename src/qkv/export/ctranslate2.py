@@ -25,7 +25,7 @@ from qkv.data.tokenizer import Tokenizer
 from qkv.errors import ConfigError, QkvError
 from qkv.export import QUANTIZATIONS
 from qkv.model.seq2seq import Seq2SeqTransformer
-from qkv.run import WEIGHTS_FILE, RunConfig, load_run_weights, load_tokenizer
+from qkv.run import TOKENIZER_FILE, WEIGHTS_FILE, RunConfig, load_run_weights, load_tokenizer
 from qkv.training.checkpoint import UMASK, sha256
 
 NOTE_FILE = "qkv_export.json"
@@ -77,6 +77,13 @@ def export_run(run_dir: Path, out_dir: Path, quantize: str | None = None) -> Pat
     old = tmp.with_name(tmp.name + ".old")
     try:
         spec.save(str(tmp))
+        shutil.copyfile(run_dir / TOKENIZER_FILE, tmp / TOKENIZER_FILE)  # all a deployment needs
+        kept = set(os.listdir(out_dir)) if out_dir.is_dir() else set()
+        if others := sorted(kept - set(os.listdir(tmp)) - {NOTE_FILE}):
+            raise ConfigError(
+                f"{given} holds files an export does not write ({', '.join(others[:3])}): "
+                "move them, or export to another directory"
+            )
         note = {
             "qkv_version": __version__,
             "ctranslate2_version": ct2.__version__,

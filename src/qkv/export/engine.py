@@ -118,13 +118,14 @@ class CTranslate2Engine:
             "return_scores": True,
             "return_end_token": True,
             "max_input_length": 0,  # sources are cut to the model's positions already
+            "min_decoding_length": 0,  # EOS may come first (an empty translation), as in qkv
         }
         if options.sampling:
             return self.translator.translate_batch(
                 tokens,
                 beam_size=1,
-                sampling_topk=options.top_k,
-                sampling_topp=options.top_p,
+                sampling_topk=min(options.top_k, len(self.vocabulary)),  # more: every token
+                sampling_topp=max(options.top_p, 1e-30),  # float32's 0 is refused; keeps one
                 sampling_temperature=options.temperature,
                 suppress_sequences=[[PAD], [BOS]],  # as the PyTorch engine: words and EOS only
                 length_penalty=0.0,
