@@ -126,7 +126,8 @@ BAD = [
     ("/translate", {"texts": ["a"], "model": "reviews"}, "model", 422),
     ("/translate", {"texts": ["a", "b", "c"], "attention": True}, "attention", 413),
     ("/classify", {"texts": ["a" * 150] * 8, "model": "reviews"}, "body", 413),
-    ("/classify", {"texts": [1, 2]}, "texts.0", 422),
+    ("/classify", {"texts": [1, 2]}, "texts[0]", 422),  # as qkv's own checks name it
+    ("/translate", b'{"texts": ["\xe4"]}', "body", 400),  # Latin-1, not UTF-8
 ]
 
 
@@ -144,6 +145,34 @@ def test_bad_requests_are_refused_with_the_field(
     assert error["field"] == field
     assert error["error"]
     assert httpx.get(url + "/health").status_code == 200
+
+
+def test_a_streamed_body_is_refused_once_it_passes_the_limit(url: str) -> None:
+    sent = []
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: sent chunked
+        yield b'{"texts": ["'
+        for _ in range(100):
+            sent.append(1)
+            yield b"a" * 100
+        yield b'"]}'
+
+    response = httpx.post(url + "/translate", content=chunks(), timeout=60)
+    assert response.status_code == 413, response.text
+    assert response.json() == {"error": "request body over 1024 bytes", "field": "body"}
+
+
+def test_other_refusals_keep_the_error_format(url: str) -> None:
+    for response, field, text in (
+        (httpx.get(url + "/nowhere"), "path", "no endpoint /nowhere; see /docs"),
+        (httpx.get(url + "/translate"), "method", "/translate does not take GET"),
+        (
+            httpx.post(url + "/translate", content=b'{"texts": ["a"]}'),  # curl -d's form type
+            "body",
+            "send a JSON object, with Content-Type: application/json",
+        ),
+    ):
+        assert response.json() == {"error": text, "field": field}
 
 
 def test_the_page_and_its_assets_are_served(url: str) -> None:

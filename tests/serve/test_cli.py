@@ -175,6 +175,26 @@ def test_serve_refuses_bad_options_in_one_line(
     assert message in err and err.count("\n") == 1, err
 
 
+def test_sigterm_while_the_runs_load_stops_serve_as_ctrl_c_does(
+    translation_run: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before uvicorn takes the signals (a first CTranslate2 conversion can take a while):
+    interrupted, so that what was being written is cleaned up."""
+
+    def terminated(*args: object) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+        raise AssertionError("SIGTERM did not stop the load")
+
+    monkeypatch.setattr("qkv.serve.models.load_served", terminated)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    assert main(["serve", str(translation_run), "--port", port]) == 130
+    assert "interrupted" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # as it was
+
+
 def test_serve_refuses_a_port_in_use_before_it_says_it_serves(
     translation_run: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -163,6 +163,19 @@ def test_a_classification_shows_the_label_and_a_bar_per_label(
     assert console == []
 
 
+def test_more_texts_than_attention_is_given_for_are_translated_without_it(
+    page: Page, console: list[str]
+) -> None:
+    """Attention is on by default and given for at most 8 texts a request."""
+    answer = translate(page, "\n".join(["3 March 2021"] * 9), beam=2, n_best=1)
+    assert len(answer["results"]) == 9 and not any("attention" in r for r in answer["results"])
+    expect(page.get_by_test_id("results")).to_contain_text(
+        "attention weights are given for at most 8"
+    )
+    expect(page.get_by_test_id("error")).to_be_hidden()
+    assert console == []
+
+
 def test_the_heatmap_has_a_row_and_a_column_per_token(page: Page) -> None:
     attention = translate(page, beam=1, n_best=1)["results"][0]["attention"]
     source, target = len(attention["source_tokens"]), len(attention["target_tokens"])

@@ -7,6 +7,7 @@ import socket
 from pathlib import Path
 
 from qkv.errors import ConfigError, QkvError
+from qkv.training.signals import sigterm_as_ctrl_c
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,10 +38,12 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     batching = Batching(window=args.window_ms / 1000, max_tokens=args.batch_tokens)
     runs = [Path(run) for run in args.runs]
-    served = load_served(runs, args.engine, args.quantize, batching)
+    with sigterm_as_ctrl_c():  # until uvicorn takes the signals: a conversion cleans up
+        served = load_served(runs, args.engine, args.quantize, batching)
     limits = Limits(max_texts=args.max_texts, max_chars=args.max_chars, max_body=args.max_body)
     app = create_app(served, limits)
-    url = f"http://{args.host}:{args.port}"
+    host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 address
+    url = f"http://{host}:{args.port}"
     print(f"serving {', '.join(served)} at {url} (the page at /, API docs at /docs)", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0

@@ -18,8 +18,9 @@ DIGITS = 4
 
 
 def _rounded(maps: list[Tensor]) -> list[Any]:
-    """Per layer (1, H, Q, K) -> nested lists [layer][head][query][key], rounded."""
-    return [torch.round(m[0].float(), decimals=DIGITS).tolist() for m in maps]
+    """Per layer (1, H, Q, K) -> nested lists [layer][head][query][key], rounded (in float64,
+    whose Python floats print as rounded; float32's print with a tail of digits)."""
+    return [torch.round(m[0].double(), decimals=DIGITS).tolist() for m in maps]
 
 
 @torch.no_grad()
@@ -70,7 +71,7 @@ def classification_attention(classifier: Classifier, text: str) -> dict[str, Any
     return {
         "tokens": classifier.tokenizer.tokens_from_ids(ids),
         "encoder": _rounded(maps),
-        "token_weights": torch.round(weights.float(), decimals=DIGITS).tolist(),
+        "token_weights": torch.round(weights.double(), decimals=DIGITS).tolist(),
         "token_weights_meaning": kind,
         "label": classifier.labels[label],
     }

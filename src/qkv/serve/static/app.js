@@ -252,7 +252,11 @@
   }
 
   function requestBody(model, texts) {
-    const body = { texts, model: model.name, attention: ui.attention.checked };
+    // The server gives attention weights for a few texts a request: more texts, none asked.
+    const cap = state.limits.max_attention_texts;
+    const attention = ui.attention.checked && !(cap && texts.length > cap);
+    state.attentionSkipped = ui.attention.checked && !attention ? cap : 0;
+    const body = { texts, model: model.name, attention };
     if (model.task !== "translation") return body;
     if (ui.sampling.checked) {
       Object.assign(body, {
@@ -322,8 +326,12 @@
     state.texts = texts;
     state.results = answer.results || [];
     const n = state.results.length;
+    const skipped = state.attentionSkipped
+      ? ` (attention weights are given for at most ${state.attentionSkipped} texts)`
+      : "";
     ui.resultsMeta.textContent =
-      `${n} ${n === 1 ? "result" : "results"} from ${answer.model} in ${Math.round(ms)} ms`;
+      `${n} ${n === 1 ? "result" : "results"} from ${answer.model} in ${Math.round(ms)} ms` +
+      skipped;
     const cards = state.results.map((result, i) =>
       task === "translation"
         ? translationCard(result, texts[i], i)
