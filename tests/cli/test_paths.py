@@ -201,6 +201,17 @@ def test_resume_refuses_other_data_and_changes_nothing(
     assert (run / "config.json").read_text() == before
 
 
+def test_a_resume_refused_for_its_checkpoints_keeps_the_settings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = one_step_run(tmp_path, capsys)
+    shutil.rmtree(run / "checkpoints")  # the best weights stay: nothing to resume from
+    before = (run / "config.json").read_text()
+    code, _, err = qkv(capsys, "train", "--resume", run, "lr=0.9", "weight_decay=0.5")
+    assert code == 2 and "no complete checkpoint to resume from" in err, err
+    assert (run / "config.json").read_text() == before
+
+
 def test_resume_of_a_classifier_refuses_other_data(
     review_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

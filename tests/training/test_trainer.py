@@ -320,7 +320,12 @@ def test_a_budget_already_passed_is_said(
     train(tmp_path, max_steps=6)
     capsys.readouterr()
     assert train(tmp_path, resume=True, max_steps=3).progress.step == 6
-    assert "note: the run is at step 6, past max_steps=3: no training" in capsys.readouterr().out
+    said = "note: the run has spent max_steps=3 (at 6 steps): no training (raise it to train on)"
+    assert said in capsys.readouterr().out
+    # A run that ended on its time: a larger max_steps alone does not train on, and says why.
+    assert train(tmp_path, resume=True, max_steps=9, max_minutes=1e-9).progress.step == 6
+    assert "spent max_minutes=1e-09 (at 0.000" in capsys.readouterr().out
+    assert train(tmp_path, resume=True, max_steps=9).progress.step == 9
 
 
 def test_a_resumed_run_takes_its_new_optimiser_settings(tmp_path: Path) -> None:
@@ -355,14 +360,22 @@ def test_early_stopped_run_stays_stopped(tmp_path: Path) -> None:
     assert train(tmp_path, resume=True, patience=2).progress.step == 9
 
 
+@pytest.mark.parametrize("damage", ["deleted", "corrupt"])
 def test_a_finished_run_resumed_without_its_best_weights_writes_them_again(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str
 ) -> None:
     finished = train(tmp_path)
-    (tmp_path / "model.safetensors").unlink()
+    best = tmp_path / "model.safetensors"
+    if damage == "deleted":
+        best.unlink()
+    else:
+        data = bytearray(best.read_bytes())
+        data[-3] ^= 0xFF  # a flipped bit in the last tensor
+        best.write_bytes(bytes(data))
     capsys.readouterr()
     resumed = train(tmp_path, resume=True)
-    assert "model.safetensors is missing" in capsys.readouterr().out
+    said = "model.safetensors is missing" if damage == "deleted" else "checksum mismatch"
+    assert said in capsys.readouterr().out
     assert resumed.progress.step == finished.progress.step == 12
     assert resumed.progress.best == resumed.progress.history[-1]["score"]
     written = ToyTask().model

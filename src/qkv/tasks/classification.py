@@ -406,12 +406,14 @@ def train_classification(
     plan = ""
     if not resume:
         train_config, plan = planned(train_config, corpora["train.ids"].lengths + 1, explicit)
-    (resume or RunConfig("classification", model_config, train_config, asdict(data))).save(run_dir)
+    if not resume:
+        RunConfig("classification", model_config, train_config, asdict(data)).save(run_dir)
     task = ClassificationTask(model, corpora, data, train_config)
     trainer = Trainer(task, train_config, run_dir, device)
     trainer.plan = plan
     if resume:
         trainer.resume()
+        resume.save(run_dir)  # the new settings, once the run resumes
     progress = trainer.train()
     if is_main():
         write_curves(run_dir)

@@ -276,12 +276,14 @@ def train_translation(
         train_config, plan = planned(
             train_config, padded_lengths(corpora["train.src"], corpora["train.tgt"]), explicit
         )
-    (resume or RunConfig("translation", model_config, train_config, asdict(data))).save(run_dir)
+    if not resume:
+        RunConfig("translation", model_config, train_config, asdict(data)).save(run_dir)
     task = TranslationTask(model, tokenizer, corpora, valid_refs, train_config)
     trainer = Trainer(task, train_config, run_dir, device)
     trainer.plan = plan
     if resume:
         trainer.resume()
+        resume.save(run_dir)  # the new settings, once the run resumes
     progress = trainer.train()
     if is_main():
         write_curves(run_dir)

@@ -133,13 +133,19 @@ def save_weights(model: nn.Module, path: Path, metadata: dict[str, str] | None =
         save_tensors(tensors, tmp, {**(metadata or {}), DIGEST_KEY: tensors_digest(tensors)})
 
 
-def load_weights(model: nn.Module, path: Path) -> None:
-    """Load safetensors weights into `model`, with a clear error when they do not fit, are
-    not finite, or do not match the digest that `save_weights` wrote."""
+def read_weights(path: Path) -> dict[str, Tensor]:
+    """The tensors of a weights file that `save_weights` wrote, once they match its digest."""
     tensors, metadata = read_safetensors(path)
     digest = metadata.get(DIGEST_KEY)
     if digest is not None and digest != tensors_digest(tensors):
         raise CheckpointError(f"{path}: checksum mismatch (the file is torn or corrupt)")
+    return tensors
+
+
+def load_weights(model: nn.Module, path: Path) -> None:
+    """Load safetensors weights into `model`, with a clear error when they do not fit, are
+    not finite, or do not match the digest that `save_weights` wrote."""
+    tensors = read_weights(path)
     expected = model_tensors(model)
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))

@@ -53,6 +53,20 @@ class Progress:
     history: list[dict[str, float]] = field(default_factory=list)
 
 
+def weights_problem(path: Path) -> str | None:
+    """What is wrong with a run's best weights (deleted, torn, corrupt), if anything; read on
+    rank 0 only."""
+    if not distributed.is_main():
+        return None
+    if not path.exists():
+        return f"{path} is missing"
+    try:
+        ckpt.read_weights(path)
+    except CheckpointError as error:
+        return str(error)
+    return None
+
+
 def check_progress(directory: Path, record: dict[str, Any]) -> None:
     """Refuse a checkpoint whose progress does not fit `Progress` (state.json has no
     checksum of its own: edited by hand, say)."""
@@ -140,16 +154,16 @@ class Trainer:
             raise CheckpointError(f"{directory}: training state unreadable ({error})") from None
         # A run that stopped on its budget goes on when resumed with a larger one.
         c, p = self.config, self.progress
-        missing: bool = distributed.from_main(not weights.exists())  # deleted since?
-        if p.history and missing:
+        problem: str | None = distributed.from_main(weights_problem(weights))  # since?
+        if p.history and problem:
             print(
-                f"warning: {weights} is missing: its score ({p.best:.4g}) is forgotten, and "
-                "the next validation writes the weights again"
+                f"warning: {problem}: its score ({p.best:.4g}) is forgotten, and the next "
+                "validation writes the weights again"
             )
             p.best, p.evals_since_best = -math.inf, 0
-        p.done = self.should_stop() or bool(c.patience and p.evals_since_best >= c.patience)
-        if c.max_steps and p.step > c.max_steps:
-            print(f"note: the run is at step {p.step}, past max_steps={c.max_steps}: no training")
+        p.done = bool(spent := self.spent())
+        if spent:
+            print(f"note: the run has spent {spent}: no training (raise it to train on)")
         if (was := p.world_size) != (now := self.world):  # a note on what changes
             print(
                 f"note: the checkpoint was trained by {was} process(es), this run has {now}: a "
@@ -246,6 +260,24 @@ class Trainer:
         `max_minutes` ends them all at the same step."""
         reason, self.progress.elapsed = distributed.agree_stop(received, self.progress.elapsed)
         return reason
+
+    def spent(self) -> str | None:
+        """Which of its budgets a resumed run has spent already, if any."""
+        c, p = self.config, self.progress
+        if c.patience and p.evals_since_best >= c.patience:
+            return f"its patience={c.patience} (validations without a better score)"
+        return next(
+            (
+                f"max_{name}={limit:g} (at {value:.3g} {name})"
+                for name, limit, value in (
+                    ("steps", c.max_steps, p.step),
+                    ("minutes", c.max_minutes, p.elapsed / 60),
+                    ("epochs", c.max_epochs, p.epoch),
+                )
+                if limit and value >= limit
+            ),
+            None,
+        )
 
     def should_stop(self) -> bool:
         c, p = self.config, self.progress
