@@ -154,10 +154,10 @@ class Trainer:
             raise CheckpointError(f"{directory}: training state unreadable ({error})") from None
         # A run that stopped on its budget goes on when resumed with a larger one.
         c, p = self.config, self.progress
-        problem: str | None = distributed.from_main(weights_problem(weights))  # since?
-        if p.history and problem:
+        damaged: str | None = distributed.from_main(weights_problem(weights))  # since?
+        if p.history and damaged:
             print(
-                f"warning: {problem}: its score ({p.best:.4g}) is forgotten, and the next "
+                f"warning: {damaged}: its score ({p.best:.4g}) is forgotten, and the next "
                 "validation writes the weights again"
             )
             p.best, p.evals_since_best = -math.inf, 0
