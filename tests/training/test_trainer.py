@@ -151,6 +151,8 @@ def test_signal_saves_and_resume_is_exact(
     resumed = train(tmp_path, resume=True)
     assert f"resuming from {saved[-1]}" in capsys.readouterr().out
     assert_same_weights(weights(resumed), weights(reference))
+    names = [p.name for p in ckpt.list_checkpoints(tmp_path / "checkpoints")]
+    assert names == [f"step-{s:07d}" for s in (3, 6, 9, 12)]  # the stop's one gone, as averages
     assert [h["step"] for h in resumed.progress.history] == [3, 6, 9, 12]
     steps = [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert steps == [json.loads(x)["step"] for x in reference.log.path.read_text().splitlines()]

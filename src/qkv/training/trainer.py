@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
@@ -119,6 +120,10 @@ class Trainer:
             directory = self.checkpoint_at(self.progress.step)
             state = {"progress": vars(self.progress)}
             ckpt.save_checkpoint(directory, self.model, self.optimizer, state, rng)
+            validated = {self.checkpoint_at(int(r["step"])) for r in self.progress.history}
+            if directory in validated:  # a stop's checkpoint was to resume from: resumed past it
+                for stop in set(ckpt.list_checkpoints(self.checkpoints)) - validated:
+                    shutil.rmtree(stop, ignore_errors=True)
             ckpt.prune_checkpoints(
                 self.checkpoints, max(self.config.keep_checkpoints, self.config.average_last)
             )
