@@ -121,6 +121,19 @@ def test_one_process_agrees_with_itself() -> None:
         assert not dist.is_initialized()
 
 
+def test_rank_0_stopped_in_its_block_keeps_its_own_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C reaches every rank: when rank 0 stops in the block that goes first, the others
+    may be gone already, and telling them fails; the interrupt is what rank 0 reports."""
+
+    def gone(value: object) -> object:
+        raise RuntimeError("[gloo] Connection closed by peer")
+
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)
+    monkeypatch.setattr(distributed, "from_main", gone)
+    with pytest.raises(KeyboardInterrupt), distributed.main_first():
+        raise KeyboardInterrupt
+
+
 @pytest.mark.parametrize("value", ["0", "-5", "soon"])
 def test_a_bad_timeout_is_refused(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     monkeypatch.setenv(distributed.TIMEOUT_ENV, value)
@@ -151,6 +164,32 @@ def test_two_ranks_match_one_process_accumulating_two_batches(corpus: Path, tmp_
     ]
     assert losses[1] == pytest.approx(losses[0], rel=1e-5)
     assert progress(two / "checkpoints" / "step-0000004")["world_size"] == 2
+
+
+def test_ranks_given_other_settings_stop_at_once_in_one_line(corpus: Path, tmp_path: Path) -> None:
+    """Apart, they would wait for each other past the end of the shorter run."""
+    run = tmp_path / "run"
+    port = str(free_port())
+    ranks = [
+        start(
+            [sys.executable, "-m", "qkv", "train", "translation", "--data", str(corpus)]
+            + ["--out", str(run), *SETTINGS, f"max_steps={steps}", f"threads={rank + 1}"],
+            tmp_path / f"rank{rank}.log",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
+            WORLD_SIZE="2",
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            LOCAL_WORLD_SIZE="2",
+        )
+        for rank, steps in enumerate((20, 30))
+    ]
+    said = "qkv: rank 1 was given max_steps=30, rank 0 max_steps=20: give every process the same"
+    for proc in ranks:
+        _, err = proc.communicate(timeout=TIMEOUT)
+        assert proc.returncode == 2 and err.decode().startswith(said), err.decode()
+        assert err.decode().count("\n") == 1, err.decode()
+    assert not run.exists()  # nothing was written: the same command again starts the run
 
 
 def test_a_killed_rank_stops_the_others_and_the_run_resumes(corpus: Path, tmp_path: Path) -> None:

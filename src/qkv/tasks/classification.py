@@ -45,7 +45,7 @@ from qkv.run import (
     load_tokenizer,
 )
 from qkv.training.config import TrainConfig
-from qkv.training.distributed import is_main, main_first
+from qkv.training.distributed import check_same_settings, is_main, main_first
 from qkv.training.plan import planned
 from qkv.training.speed import pick_device, set_up_process
 from qkv.training.trainer import Progress, Trainer
@@ -384,6 +384,7 @@ def train_classification(
     device = pick_device(train_config.device)  # before any work: a missing GPU fails first
     run_dir.mkdir(parents=True, exist_ok=True)
     set_up_process(train_config)
+    check_same_settings(model_config, train_config, data)  # under torchrun
     with main_first():  # rank 0 trains the tokenizer and caches the tokens; the others read them
         if tokenizer is None and not is_main():
             tokenizer = load_tokenizer(run_dir)

@@ -13,6 +13,7 @@ next `accumulate x world` of them and rank r trains on every world-th one from r
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import os
 from collections.abc import Iterator, Sequence
@@ -121,13 +122,42 @@ def main_first() -> Iterator[None]:
         try:
             yield
         except BaseException:
-            from_main(False)
+            with contextlib.suppress(Exception):  # a rank that stopped too (Ctrl-C reaches all)
+                from_main(False)  # cannot hear it: the error raised stays this one
             raise
         from_main(True)
         return
     if not from_main(False):
         raise MainFailed("rank 0 stopped (its message says why); this rank stops too")
     yield
+
+
+OWN_SETTINGS = frozenset({"threads", "data_dir", "train_file", "valid_file"})
+"""What each process may set its own way: its threads, and where its machine keeps the data."""
+
+
+def check_same_settings(*configs: Any) -> None:
+    """Raise ConfigError, the same on every rank, unless every rank was given the same
+    settings (dataclasses), `OWN_SETTINGS` aside: apart, the ranks would fail in pieces, wait
+    for each other past the end of the shorter run, or each train at its own rate."""
+    if world_size() == 1:
+        return
+    mine = {
+        (type(c).__name__, key): value
+        for c in configs
+        for key, value in dataclasses.asdict(c).items()
+        if key not in OWN_SETTINGS
+    }
+    everyone: list[Any] = [None] * world_size()
+    dist.all_gather_object(everyone, mine)
+    first = everyone[0]
+    for rank, theirs in enumerate(everyone[1:], start=1):
+        if differ := [key for key in first if theirs.get(key) != first[key]]:
+            name = differ[0][1]
+            raise ConfigError(
+                f"rank {rank} was given {name}={theirs.get(differ[0])!r}, rank 0 "
+                f"{name}={first[differ[0]]!r}: give every process the same settings"
+            )
 
 
 def from_main(value: T) -> T:
