@@ -170,10 +170,10 @@ def test_ranks_given_other_settings_stop_at_once_in_one_line(corpus: Path, tmp_p
     """Apart, they would wait for each other past the end of the shorter run."""
     run = tmp_path / "run"
     port = str(free_port())
+    command = [sys.executable, "-m", "qkv", "train", "translation", "--data", str(corpus)]
     ranks = [
         start(
-            [sys.executable, "-m", "qkv", "train", "translation", "--data", str(corpus)]
-            + ["--out", str(run), *SETTINGS, f"max_steps={steps}", f"threads={rank + 1}"],
+            [*command, "--out", str(run), *SETTINGS, f"max_steps={steps}", f"threads={rank + 1}"],
             tmp_path / f"rank{rank}.log",
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=port,
