@@ -49,6 +49,8 @@ def test_malformed_pairs() -> None:
     "pair,message",
     [
         ("max_minutes=-1", "max_minutes must be 0"),
+        ("max_minutes=inf", "max_minutes must be 0"),  # JSON has no Infinity
+        ("clip_norm=inf", "clip_norm must be 0"),
         ("threads=-1", "threads must be 0"),
         ("max_steps=-5", "max_steps must be 0"),
         ("log_every=0", "log_every must be at least 1"),

@@ -212,6 +212,16 @@ def test_a_resume_refused_for_its_checkpoints_keeps_the_settings(
     assert (run / "config.json").read_text() == before
 
 
+def test_a_resume_with_other_batches_says_what_it_does_to_the_epoch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = one_step_run(tmp_path, capsys)
+    code, out, err = qkv(capsys, "train", "--resume", run, "max_steps=2", "seed=5")
+    assert code == 0 and "note: a new seed makes other batches" in out, err
+    code, out, err = qkv(capsys, "train", "--resume", run, "max_steps=3", "lr=0.01")
+    assert code == 0 and "makes other batches" not in out, err
+
+
 def test_resume_of_a_classifier_refuses_other_data(
     review_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

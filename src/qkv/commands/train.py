@@ -177,6 +177,10 @@ def _train(args: argparse.Namespace, out: Path, values: dict[str, str]) -> Progr
     )
 
 
+BATCHING = ("max_tokens", "seed")
+"""Training settings that make an epoch's batches (their sizes, their order)."""
+
+
 def _resume(run_dir: Path, values: dict[str, str]) -> int:
     """Continues a run; training settings (threads, max_minutes, ...) may change, and so may
     the places of its data files, if they moved."""
@@ -199,7 +203,14 @@ def _resume(run_dir: Path, values: dict[str, str]) -> int:
                     f"{run_dir}: its {key} {place} is gone; if the data moved, give its new "
                     f"place: qkv train --resume {run_dir} {key}=NEW"
                 )
+        before = run.train
         run.train, rest = overrides.apply(run.train, values)
+        if reordered := [k for k in BATCHING if getattr(run.train, k) != getattr(before, k)]:
+            print(
+                f"note: a new {' and '.join(reordered)} makes other batches: an epoch stopped "
+                "part way goes on from the same batch number of the new ones, so some of its "
+                "examples may be seen twice or not at all"
+            )
         known = [*run.data, *run.model.to_dict(), *run.train.to_dict()]
         if unknown := set(rest) - set(known):
             raise overrides.unknown_settings(unknown, known)

@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -217,6 +218,13 @@ def check_same_data(path: Path, texts: dict[str, tuple[Path, str]]) -> None:
     from: `texts` holds, by split name ("train", or "train.src" for one side), the file read
     and the `text_digest` of its text."""
     metadata = read_metadata(path)
+    if not any(DIGEST_PREFIX + split in metadata for split in texts):
+        unchecked = ", ".join(str(source) for source, _ in texts.values())
+        warnings.warn(
+            f"{path} is gone (or from an older qkv): {unchecked} cannot be checked against the "
+            "text this run was trained on, and are taken as it",
+            stacklevel=2,
+        )
     for split, (source, digest) in texts.items():
         cached = metadata.get(DIGEST_PREFIX + split)
         if cached is not None and cached != digest:

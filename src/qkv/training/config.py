@@ -59,9 +59,9 @@ class TrainConfig:
             (self.device in ("auto", "cpu", "cuda"), f"unknown device {self.device!r}"),
             (self.max_bad_steps >= 1, "max_bad_steps must be at least 1"),
             (self.max_steps >= 0, "max_steps must be 0 (no limit) or more"),
-            (self.max_minutes >= 0, "max_minutes must be 0 (no limit) or more"),
+            (0 <= self.max_minutes < math.inf, "max_minutes must be 0 (no limit) or more"),
             (self.patience >= 0, "patience must be 0 (never stop early) or more"),
-            (self.clip_norm >= 0, "clip_norm must be 0 (off) or more"),
+            (0 <= self.clip_norm < math.inf, "clip_norm must be 0 (off) or more"),
             (0 <= self.weight_decay < math.inf, "weight_decay must be a number, 0 or more"),
             (
                 0 <= self.threads <= MAX_THREADS,
