@@ -326,7 +326,7 @@ def test_a_budget_already_passed_is_said(
     assert said in capsys.readouterr().out
     # A run that ended on its time: a larger max_steps alone does not train on, and says why.
     assert train(tmp_path, resume=True, max_steps=9, max_minutes=1e-9).progress.step == 6
-    assert "spent max_minutes=1e-09 (at 0.000" in capsys.readouterr().out
+    assert "spent max_minutes=1e-09 (at 0.0 minutes)" in capsys.readouterr().out
     assert train(tmp_path, resume=True, max_steps=9).progress.step == 9
 
 

@@ -273,11 +273,11 @@ class Trainer:
             return f"its patience={c.patience} (validations without a better score)"
         return next(
             (
-                f"max_{name}={limit:g} (at {value:.3g} {name})"
-                for name, limit, value in (
-                    ("steps", c.max_steps, p.step),
-                    ("minutes", c.max_minutes, p.elapsed / 60),
-                    ("epochs", c.max_epochs, p.epoch),
+                f"max_{name}={limit:g} (at {shown} {name})"
+                for name, limit, value, shown in (
+                    ("steps", c.max_steps, p.step, f"{p.step}"),
+                    ("minutes", c.max_minutes, p.elapsed / 60, f"{p.elapsed / 60:.1f}"),
+                    ("epochs", c.max_epochs, p.epoch, f"{p.epoch}"),
                 )
                 if limit and value >= limit
             ),
