@@ -205,12 +205,6 @@ def _resume(run_dir: Path, values: dict[str, str]) -> int:
                 )
         before = run.train
         run.train, rest = overrides.apply(run.train, values)
-        if reordered := [k for k in BATCHING if getattr(run.train, k) != getattr(before, k)]:
-            print(
-                f"note: a new {' and '.join(reordered)} makes other batches: an epoch stopped "
-                "part way goes on from the same batch number of the new ones, so some of its "
-                "examples may be seen twice or not at all"
-            )
         known = [*run.data, *run.model.to_dict(), *run.train.to_dict()]
         if unknown := set(rest) - set(known):
             raise overrides.unknown_settings(unknown, known)
@@ -218,6 +212,12 @@ def _resume(run_dir: Path, values: dict[str, str]) -> int:
             raise ConfigError(
                 "only training settings and the data's places can change when resuming, "
                 f"not: {', '.join(sorted(rest))}"
+            )
+        if reordered := [k for k in BATCHING if getattr(run.train, k) != getattr(before, k)]:
+            print(
+                f"note: a new {' and '.join(reordered)} makes other batches: an epoch stopped "
+                "part way goes on from the same batch number of the new ones, so some of its "
+                "examples may be seen twice or not at all"
             )
         # The changes are saved once the data checks out: the same text, wherever it now is.
         if run.task == "translation":
