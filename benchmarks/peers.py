@@ -292,6 +292,7 @@ class HFMarianPeer(Peer):
             attention_mask=src != PAD,
             decoder_input_ids=tgt_in,
             decoder_attention_mask=tgt_in != PAD,
+            use_cache=False,  # training: no key/value cache to build
         ).logits
         return padded_cross_entropy(logits, labels)
 

@@ -71,3 +71,11 @@ def test_without_a_c_library_the_allocator_is_left_alone(monkeypatch: pytest.Mon
 
     monkeypatch.setattr(speed.ctypes.util, "find_library", lambda name: None)
     assert tune_allocator() is False
+
+
+@pytest.mark.parametrize("setting", ["MALLOC_ARENA_MAX", "GLIBC_TUNABLES"])
+def test_the_users_own_allocator_settings_are_left_alone(
+    monkeypatch: pytest.MonkeyPatch, setting: str
+) -> None:
+    monkeypatch.setenv(setting, "4" if setting.startswith("MALLOC") else "glibc.malloc.arena_max=4")
+    assert tune_allocator() is False

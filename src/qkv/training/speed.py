@@ -21,9 +21,11 @@ _MALLOPT_SETTINGS = ((_M_MMAP_THRESHOLD, 1 << 30), (_M_TRIM_THRESHOLD, 1 << 31),
 def tune_allocator() -> bool:
     """Ask glibc to keep freed large blocks (activations, freed every step) instead of mapping
     and unmapping them each time, in one arena for all threads so that decoding's worker
-    threads hold no memory apart; returns whether it applied (glibc only)."""
+    threads hold no memory apart; returns whether it applied (glibc only, and not over
+    settings of the user's own: `MALLOC_*` or `GLIBC_TUNABLES` in the environment)."""
     name = ctypes.util.find_library("c")
-    if name is None or os.name != "posix":
+    own = "GLIBC_TUNABLES" in os.environ or any(key.startswith("MALLOC_") for key in os.environ)
+    if name is None or os.name != "posix" or own:
         return False
     try:
         libc = ctypes.CDLL(name)
