@@ -110,7 +110,24 @@ def test_files_with_other_field_names_are_read_by_the_field_flags(
     assert main(["classify", run, "--input", str(other), "--text-field", "review"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 30
     assert main(["classify", run, "--text-field", "review"]) == 2
-    assert "--text-field names a field of --input's records" in capsys.readouterr().err
+    assert "--text-field names a field of records, and stdin is read as lines" in (
+        capsys.readouterr().err
+    )
+    lines = write_lines_file(tmp_path / "other.txt", [r["review"] for r in rows])
+    assert main(["classify", run, "--input", str(lines), "--text-field", "review"]) == 2
+    assert f"and {lines} is read as lines of text: give a file named .jsonl" in (
+        capsys.readouterr().err
+    )
+    assert main(["classify", run, "--input", str(lines), "--output", str(lines)]) == 2
+    assert f"qkv: {lines}: is the input file, which the output would replace" in (
+        capsys.readouterr().err
+    )
+    assert lines.read_text(encoding="utf-8").splitlines()[0] == rows[0]["review"]
+
+
+def write_lines_file(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
 
 
 def test_lines_that_look_like_json_records_are_warned_of(

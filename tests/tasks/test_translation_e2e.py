@@ -86,6 +86,39 @@ def test_translate_keeps_every_stdin_line_in_its_place(
     assert lines[:4] == [expected[0], "", "", expected[1]]
 
 
+def test_dash_is_stdin_and_stdout_and_json_records_stay_one_line_each(
+    tiny_run: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    text = "July 4,\u2028 1976\nMarch 3,\x85 2021\n"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode("utf-8"))))
+    args = ["translate", str(tiny_run), "--beam", "1", "--json"]
+    assert main([*args, "--input", "-", "--output", "-"]) == 0
+    out = capsys.readouterr().out
+    assert len(out.splitlines()) == 2  # as str.splitlines reads them: no line break inside
+    records = [json.loads(line) for line in out.splitlines()]
+    assert [r["source"] for r in records] == ["July 4,\u2028 1976", "March 3,\x85 2021"]
+    assert not (tmp_path / "-").exists() and not Path("-").exists()
+
+
+def test_an_output_that_is_the_input_is_refused(
+    tiny_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "same.src"
+    source.write_text("March 3, 2021\n", encoding="utf-8")
+    link = tmp_path / "link.src"
+    link.symlink_to(source)
+    for output in (source, link):
+        args = ["translate", str(tiny_run), "--input", str(source), "--output", str(output)]
+        assert main(args) == 2
+        assert f"qkv: {output}: is the input file, which the output would replace\n" == (
+            capsys.readouterr().err
+        )
+    assert source.read_text(encoding="utf-8") == "March 3, 2021\n"
+
+
 def test_translate_and_evaluate_commands(
     tiny_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import unicodedata
 from dataclasses import asdict, replace
 from pathlib import Path
 
 from qkv.cli import device_name, print_json
-from qkv.commands.io import check_output, input_lines, write_lines
-from qkv.data.readers import is_blank, read_texts
+from qkv.commands.io import STREAM, check_output, input_lines, json_line, write_lines
+from qkv.data.readers import holds_records, is_blank, read_texts
 from qkv.errors import ConfigError, DataError
 
 FIELD_FLAGS = ("--text-field NAME", "--label-field NAME")  # how the commands name other fields
@@ -21,11 +20,16 @@ def run(args: argparse.Namespace) -> int:
     from qkv.inference.classifier import Classifier
     from qkv.tasks.classification import clean_text
 
-    if args.text_field and not args.input:
-        raise ConfigError("--text-field names a field of --input's records; stdin holds lines")
-    check_output(args.output)  # before the work, not after
+    stdin = not args.input or args.input == STREAM
+    if args.text_field and (stdin or not holds_records(args.input)):
+        where = "stdin" if stdin else args.input
+        raise ConfigError(
+            f"--text-field names a field of records, and {where} is read as lines of text: "
+            "give a file named .jsonl, .csv or .tsv"
+        )
+    check_output(args.output, args.input)  # before the work, not after
     classifier = Classifier.load(args.run_dir, device_name(args))
-    if args.input:
+    if not stdin:
         field = args.text_field or classifier.data.text_field
         hint = FIELD_FLAGS[0]
         texts = read_texts(Path(args.input), text_field=field, clean=clean_text, hint=hint)
@@ -43,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     for text, (label, prob) in zip(texts, classifier.predict(texts), strict=True):
         if args.json:
             record = {"label": label, "probability": round(prob, 6), "text": text}
-            lines.append(json.dumps(record, ensure_ascii=False))
+            lines.append(json_line(record))
         else:
             lines.append(f"{label}\t{prob:.4f}")
     write_lines(args.output, lines)

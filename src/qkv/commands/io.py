@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -11,11 +12,14 @@ from qkv.data.readers import read_lines
 from qkv.errors import DataError
 from qkv.training.checkpoint import atomic_write_text
 
+STREAM = "-"
+"""The name that means stdin (as an input) or stdout (as an output), as most tools take it."""
+
 
 def input_lines(path: str | None) -> list[str]:
-    """Lines of `path` or stdin, gunzipped if gzipped and split on "\\n" only; empty lines are
-    kept (they translate to empty lines)."""
-    if path:
+    """Lines of `path` or stdin (no path, or "-"), gunzipped if gzipped and split on "\\n"
+    only; empty lines are kept (they translate to empty lines)."""
+    if path and path != STREAM:
         return read_lines(Path(path), allow_empty=True)
     if sys.stdin is None:  # started with stdin closed (`<&-`)
         raise DataError("<stdin>", "closed; give the input with --input FILE")
@@ -27,15 +31,19 @@ def input_lines(path: str | None) -> list[str]:
     return split_lines(text.removeprefix("\ufeff"), "<stdin>")
 
 
-def check_output(path: str | None) -> None:
-    """Fails before any work if `path` (without one, stdout) cannot be written."""
-    if not path:
+def check_output(path: str | None, source: str | None = None) -> None:
+    """Fails before any work if `path` (without one, or "-", stdout) cannot be written, or is
+    the input file `source`, which it would replace."""
+    if not path or path == STREAM:
         if sys.stdout is None:  # started with stdout closed (`>&-`)
             raise DataError("<stdout>", "closed; give a file with --output FILE")
         return
     target = Path(path)
     if target.is_dir():
         raise DataError(path, "is a directory; give a file name")
+    given = source and source != STREAM and target.exists() and Path(source).exists()
+    if given and os.path.samefile(target, str(source)):
+        raise DataError(path, "is the input file, which the output would replace")
     if target.exists() and not target.is_file():  # a device or pipe, written in place
         if not os.access(target, os.W_OK):
             raise DataError(path, "cannot write (permission denied)")
@@ -56,7 +64,7 @@ def write_lines(path: str | None, lines: list[str]) -> None:
     """Writes lines to `path` or stdout. A file is replaced whole or not at all (through a
     temporary sibling); a device or pipe such as /dev/stdout is written in place."""
     text = "".join(line + "\n" for line in lines)
-    if path:
+    if path and path != STREAM:
         target = Path(path)
         try:
             if target.exists() and not target.is_file():
@@ -68,3 +76,10 @@ def write_lines(path: str | None, lines: list[str]) -> None:
     else:
         sys.stdout.write(text)
         sys.stdout.flush()
+
+
+def json_line(record: object) -> str:
+    """`record` as one JSON line, UTF-8 as it is but for the characters that other readers
+    take for line breaks (U+2028, U+2029, U+0085), escaped so that a record stays a line."""
+    text = json.dumps(record, ensure_ascii=False)
+    return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029").replace("\x85", "\\u0085")

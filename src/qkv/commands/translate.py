@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import TYPE_CHECKING
 
 from qkv.cli import decode_options, device_name, given_options
-from qkv.commands.io import check_output, input_lines, write_lines
+from qkv.commands.io import check_output, input_lines, json_line, write_lines
 from qkv.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -31,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     if args.n_best > 1 and not args.json:
         raise ConfigError("--n-best needs --json (one JSON object a line holds the hypotheses)")
     tune_allocator()  # decoding allocates the same large blocks every step
-    check_output(args.output)  # before the work, not after
+    check_output(args.output, args.input)  # before the work, not after
     translator = Translator.load(args.run_dir, device_name(args), args.engine, args.quantize)
     lines = input_lines(args.input)
     options = decode_options(args, sampling=True)
@@ -40,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.json:
         pairs = zip(lines, found, strict=True)
-        output = [json.dumps(_record(line, h), ensure_ascii=False) for line, h in pairs]
+        output = [json_line(_record(line, h)) for line, h in pairs]
     else:
         output = [hypotheses[0].text for hypotheses in found]
     write_lines(args.output, output)

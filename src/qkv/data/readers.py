@@ -105,6 +105,11 @@ def read_labelled(
     return texts, labels
 
 
+def holds_records(path: str | Path) -> bool:
+    """Whether `read_texts` reads `path` as records (JSON Lines, CSV, TSV, by its name)."""
+    return _format_suffix(Path(path)) in LABELLED_FORMATS
+
+
 def read_texts(
     path: str | Path,
     *,
@@ -116,7 +121,7 @@ def read_texts(
     TSV file (see `read_labelled`, `hint` as its `hints`), or one text per line of any other
     file."""
     records: list[tuple[int, list[object]]]
-    if _format_suffix(Path(path)) not in LABELLED_FORMATS:
+    if not holds_records(path):
         records = [(number, [line]) for number, line in enumerate(read_lines(path), start=1)]
     else:
         records = _read_records(path, (text_field,), hint and [hint])
