@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -160,6 +161,32 @@ def test_a_streamed_body_is_refused_once_it_passes_the_limit(url: str) -> None:
     response = httpx.post(url + "/translate", content=chunks(), timeout=60)
     assert response.status_code == 413, response.text
     assert response.json() == {"error": "request body over 1024 bytes", "field": "body"}
+
+
+def test_a_streamed_body_is_not_read_past_the_limit() -> None:
+    """At the ASGI level: the 413 goes out once 1,024 bytes are past, the rest left unread."""
+    chunk = {"type": "http.request", "body": b"a" * 100, "more_body": True}
+    messages = [chunk] * 100 + [{"type": "http.request", "body": b"", "more_body": False}]
+    read, sent = 0, []
+
+    async def receive() -> dict[str, Any]:
+        nonlocal read
+        read += 1
+        return messages[read - 1]
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": "/translate", "raw_path": b"/translate", "query_string": b"",
+        "root_path": "", "headers": [(b"content-type", b"application/json")],
+        "server": ("test", 80), "client": ("test", 1),
+    }  # fmt: skip
+    asyncio.run(create_app({}, LIMITS)(scope, receive, send))
+    assert sent[0]["status"] == 413
+    assert json.loads(sent[1]["body"]) == {"error": "request body over 1024 bytes", "field": "body"}
+    assert read == 11  # 1,100 bytes read of 10,000
 
 
 def test_other_refusals_keep_the_error_format(url: str) -> None:
