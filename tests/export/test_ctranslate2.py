@@ -248,7 +248,9 @@ def test_an_export_deploys_with_ctranslate2_and_tokenizers_alone(run: Path, tmp_
     tokenizer = tokenizers.Tokenizer.from_file(str(export / "tokenizer.json"))
     lines = (run.parent / "data" / "val.src").read_text().splitlines()[:8]
     tokens = [tokenizer.encode(line).tokens for line in lines]
-    found = ctranslate2.Translator(str(export)).translate_batch(tokens, beam_size=1)
+    found = ctranslate2.Translator(str(export)).translate_batch(
+        tokens, beam_size=1, min_decoding_length=0
+    )
     ids = [[tokenizer.token_to_id(t) for t in result.hypotheses[0]] for result in found]
     expected = Translator.load(run).translate(lines, beam_size=1, max_len_a=0.0, max_len_b=256)
     assert [tokenizer.decode(row) for row in ids] == expected
