@@ -9,7 +9,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from qkv.cli import device_name, print_json
-from qkv.commands.io import STREAM, check_output, input_lines, json_line, write_lines
+from qkv.commands.io import check_output, file_named, input_lines, json_line, write_lines
 from qkv.data.readers import holds_records, is_blank, read_texts
 from qkv.errors import ConfigError, DataError
 
@@ -20,19 +20,19 @@ def run(args: argparse.Namespace) -> int:
     from qkv.inference.classifier import Classifier
     from qkv.tasks.classification import clean_text
 
-    stdin = not args.input or args.input == STREAM
-    if args.text_field and (stdin or not holds_records(args.input)):
-        where = "stdin" if stdin else args.input
+    source = file_named(args.input)
+    if args.text_field and (source is None or not holds_records(source)):
+        where = source or "stdin"
         raise ConfigError(
             f"--text-field names a field of records, and {where} is read as lines of text: "
             "give a file named .jsonl, .csv or .tsv"
         )
     check_output(args.output, args.input)  # before the work, not after
     classifier = Classifier.load(args.run_dir, device_name(args))
-    if not stdin:
+    if source:
         field = args.text_field or classifier.data.text_field
         hint = FIELD_FLAGS[0]
-        texts = read_texts(Path(args.input), text_field=field, clean=clean_text, hint=hint)
+        texts = read_texts(Path(source), text_field=field, clean=clean_text, hint=hint)
     else:
         texts = input_lines(None)
         if empty := [i + 1 for i, t in enumerate(texts) if is_blank(clean_text(t))]:

@@ -16,10 +16,15 @@ STREAM = "-"
 """The name that means stdin (as an input) or stdout (as an output), as most tools take it."""
 
 
+def file_named(path: str | None) -> str | None:
+    """The file `path` names, or None where it means stdin or stdout (none given, or "-")."""
+    return None if not path or path == STREAM else path
+
+
 def input_lines(path: str | None) -> list[str]:
     """Lines of `path` or stdin (no path, or "-"), gunzipped if gzipped and split on "\\n"
     only; empty lines are kept (they translate to empty lines)."""
-    if path and path != STREAM:
+    if path := file_named(path):
         return read_lines(Path(path), allow_empty=True)
     if sys.stdin is None:  # started with stdin closed (`<&-`)
         raise DataError("<stdin>", "closed; give the input with --input FILE")
@@ -34,15 +39,15 @@ def input_lines(path: str | None) -> list[str]:
 def check_output(path: str | None, source: str | None = None) -> None:
     """Fails before any work if `path` (without one, or "-", stdout) cannot be written, or is
     the input file `source`, which it would replace."""
-    if not path or path == STREAM:
+    path, source = file_named(path), file_named(source)
+    if path is None:
         if sys.stdout is None:  # started with stdout closed (`>&-`)
             raise DataError("<stdout>", "closed; give a file with --output FILE")
         return
     target = Path(path)
     if target.is_dir():
         raise DataError(path, "is a directory; give a file name")
-    given = source and source != STREAM and target.exists() and Path(source).exists()
-    if given and os.path.samefile(target, str(source)):
+    if source and target.exists() and Path(source).exists() and os.path.samefile(target, source):
         raise DataError(path, "is the input file, which the output would replace")
     if target.exists() and not target.is_file():  # a device or pipe, written in place
         if not os.access(target, os.W_OK):
@@ -64,7 +69,7 @@ def write_lines(path: str | None, lines: list[str]) -> None:
     """Writes lines to `path` or stdout. A file is replaced whole or not at all (through a
     temporary sibling); a device or pipe such as /dev/stdout is written in place."""
     text = "".join(line + "\n" for line in lines)
-    if path and path != STREAM:
+    if path := file_named(path):
         target = Path(path)
         try:
             if target.exists() and not target.is_file():
