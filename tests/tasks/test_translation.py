@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -39,6 +40,26 @@ def test_a_model_its_class_refuses_is_a_config_error() -> None:
     config = ModelConfig(d_model=16, n_heads=2, d_ff=32, vocab_size=50, n_decoder_layers=0)
     with pytest.raises(ConfigError, match="n_decoder_layers >= 1"):
         build_model(Seq2SeqTransformer, config)
+
+
+def test_a_model_too_large_for_memory_is_a_config_error_and_other_errors_pass() -> None:
+    """torch's allocators are known by their messages; any other RuntimeError is left as it is."""
+    config = ModelConfig(d_model=16, n_heads=2, d_ff=32, vocab_size=50)
+
+    def failing(message: str) -> Callable[[ModelConfig], Seq2SeqTransformer]:
+        def factory(config: ModelConfig) -> Seq2SeqTransformer:
+            raise RuntimeError(message)
+
+        return factory
+
+    for message in (
+        "[enforce fail] DefaultCPUAllocator: can't allocate 9 GB",
+        "CUDA out of memory",
+    ):
+        with pytest.raises(ConfigError, match=r"the model does not fit in memory \(d_model 16"):
+            build_model(failing(message), config)
+    with pytest.raises(RuntimeError, match="something else"):
+        build_model(failing("something else"), config)
 
 
 def test_training_tokens_are_read_from_the_cache_not_held_in_memory(tmp_path: Path) -> None:
