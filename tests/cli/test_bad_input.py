@@ -16,6 +16,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -246,7 +247,7 @@ def test_translate_to_unwritable_output_fails_before_decoding(
     def no_decoding(*args: object, **kwargs: object) -> None:
         raise AssertionError("decoded before finding that the output cannot be written")
 
-    monkeypatch.setattr(Translator, "translate", no_decoding)
+    monkeypatch.setattr(Translator, "hypotheses", no_decoding)
     for out in (tmp_path / "missing" / "out.en", tmp_path):
         code, err = qkv(
             capsys, "translate", translation_run, "--input", TEXT / "src.de", "--output", out
@@ -326,6 +327,51 @@ def test_sampling_is_reproducible_by_its_seed(
         outputs.append(capsys.readouterr().out)
     assert outputs[0] == outputs[1] != outputs[2]
     assert len(outputs[0].splitlines()) == 8
+
+
+def test_a_long_input_is_translated_in_parts_as_it_would_be_whole(
+    capsys: pytest.CaptureFixture[str], translation_run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from qkv.commands import translate
+    from qkv.inference.translator import Translator
+
+    options = ["--input", TEXT / "src.de", "--sample", "--temperature", "5", "--seed", "3"]
+    assert cli("translate", translation_run, *options) == 0
+    whole = capsys.readouterr().out
+    sentences = (TEXT / "src.de").read_text(encoding="utf-8").splitlines()
+    translator = Translator.load(translation_run, "cpu")
+    assert whole.splitlines() == translator.translate(
+        sentences, sampling=True, temperature=5.0, seed=3
+    )
+    parts: list[int] = []
+    hypotheses = Translator.hypotheses
+
+    def counted(self: Translator, sentences: list[str], **options: Any) -> Any:
+        parts.append(len(sentences))
+        return hypotheses(self, sentences, **options)
+
+    monkeypatch.setattr(translate, "CHUNK_LINES", 3)
+    monkeypatch.setattr(Translator, "hypotheses", counted)
+    assert cli("translate", translation_run, *options) == 0
+    assert capsys.readouterr().out == whole and parts == [3, 3, 2]
+
+
+def test_an_input_that_fails_part_way_leaves_the_output_file_as_it_was(
+    capsys: pytest.CaptureFixture[str],
+    translation_run: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from qkv.commands import translate
+
+    monkeypatch.setattr(translate, "CHUNK_LINES", 2)  # the first two lines translate first
+    bad, out = tmp_path / "in.de", tmp_path / "out.en"
+    bad.write_bytes(b"ein Hund\nzwei Katzen\ndrei\n\xff\n")
+    out.write_text("before\n", encoding="utf-8")
+    code, err = qkv(capsys, "translate", translation_run, "--input", bad, "--output", out)
+    assert_fails(code, err, bad, 4)
+    assert out.read_text(encoding="utf-8") == "before\n"
+    assert sorted(tmp_path.iterdir()) == [bad, out]  # no temporary file left
 
 
 EVALUATE = {
@@ -633,6 +679,36 @@ def test_classify_and_evaluate_bad_data(
         assert code == 0, err
     else:
         assert_fails(code, err, path, line)
+
+
+@needs_classification
+@pytest.mark.parametrize("name", ["good.jsonl", "lines.txt"])
+def test_classify_works_in_parts_and_a_late_bad_line_leaves_the_output_as_it_was(
+    capsys: pytest.CaptureFixture[str],
+    classification_run: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+) -> None:
+    from qkv.commands import classify
+
+    texts = [json.loads(line)["text"] for line in (LABELLED / "good.jsonl").open()]
+    path = LABELLED / name
+    if name == "lines.txt":
+        path = tmp_path / name
+        path.write_text("".join(f"{text}\n" for text in texts), encoding="utf-8")
+    out = tmp_path / "out.txt"
+    assert cli("classify", classification_run, "--input", path, "--json", "--output", out) == 0
+    whole = out.read_text(encoding="utf-8")
+    assert [json.loads(line)["text"] for line in whole.splitlines()] == texts
+    monkeypatch.setattr(classify, "CHUNK_TEXTS", 3)
+    assert cli("classify", classification_run, "--input", path, "--json", "--output", out) == 0
+    assert out.read_text(encoding="utf-8") == whole
+    if name == "lines.txt":  # a blank line after the first three: found after they are done
+        path.write_text("".join(f"{t}\n" for t in [*texts[:4], " ", *texts[4:]]), encoding="utf-8")
+        code, err = qkv(capsys, "classify", classification_run, "--input", path, "--output", out)
+        assert_fails(code, err, path, 5)
+        assert out.read_text(encoding="utf-8") == whole
 
 
 @needs_classification

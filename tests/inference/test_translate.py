@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from qkv.errors import ConfigError
-from qkv.inference.translate import DecodeOptions, translate_ids
+from qkv.inference.translate import DecodeOptions, translate_hypotheses, translate_ids
 from qkv.model.seq2seq import Seq2SeqTransformer
 from tests.inference.helpers import fast_copy
 from tests.model.helpers import tiny_config
@@ -111,6 +111,24 @@ def test_a_sampled_translation_depends_on_seed_and_place_not_on_batching() -> No
     assert run(sources, seed=4) != together
 
 
+def test_an_input_sampled_in_parts_samples_as_it_would_whole() -> None:
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(tiny_config(vocab_size=60, max_len=40))
+    sources, cpu = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14], [15, 16]], torch.device("cpu")
+    options = DecodeOptions(sampling=True, seed=3, max_len_b=8)
+
+    def run(part: list[list[int]], start: int = 0) -> list[list[int]]:
+        found = translate_hypotheses(model, part, options, cpu, scored=False, start=start)
+        return [hypotheses[0][0] for hypotheses in found]
+
+    whole = run(sources)
+    assert run(sources[:2]) + run(sources[2:], start=2) == whole
+    assert run(sources[2:]) != whole[2:]  # the place counts, not the place in the part
+    for start in (-1, 1.5):
+        with pytest.raises(ConfigError, match="start must be an int >= 0"):
+            run(sources, start=start)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     "fields", [{}, {"beam_size": 4}, {"sampling": True, "top_k": 5, "seed": 3}], ids=str
 )
@@ -127,6 +145,17 @@ def test_a_model_turned_fast_translates_as_before(fields: dict[str, int]) -> Non
     expected = translate_ids(model, sources, options, cpu)
     assert translate_ids(fast_copy(model), sources, options, cpu) == expected
     assert sum(map(len, expected)) > 0
+
+
+def test_progress_can_be_told_to_a_function_instead(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(tiny_config(vocab_size=60, max_len=40))
+    sources = [[5, 6, 7], [], [8, 9], [10] * 5]
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    told: list[int] = []
+    options = DecodeOptions(max_len_b=3, max_tokens=5, workers=1)  # a batch a sentence
+    translate_ids(model, sources, options, torch.device("cpu"), told.append)
+    assert sum(told) == 4 and len(told) == 4 and sys.stderr.getvalue() == ""
 
 
 class Terminal(io.StringIO):
@@ -149,6 +178,6 @@ def test_progress_bar_only_when_asked_and_on_a_terminal(
         assert len(found) == 3 and found[1] == []
         drawn = stream.getvalue()
         if progress and isinstance(stream, Terminal):
-            assert "/2 " in drawn and "sent/s" in drawn, repr(drawn)  # two sentences to do
+            assert "/3 " in drawn and "sent/s" in drawn, repr(drawn)  # the blank one counts
         else:
             assert drawn == "", repr(drawn)

@@ -5,20 +5,21 @@ from __future__ import annotations
 import argparse
 import sys
 import unicodedata
+from collections.abc import Iterator
 from dataclasses import asdict, replace
 from pathlib import Path
 
 from qkv.cli import device_name, print_json
-from qkv.commands.io import check_output, file_named, input_lines, json_line, write_lines
+from qkv.commands.io import check_output, file_named, input_chunks, json_line, output_lines
 from qkv.data.readers import holds_records, is_blank, read_texts
 from qkv.errors import ConfigError, DataError
 
 FIELD_FLAGS = ("--text-field NAME", "--label-field NAME")  # how the commands name other fields
+CHUNK_TEXTS = 2048  # texts classified and written at a time (some 70 KB each meanwhile)
 
 
 def run(args: argparse.Namespace) -> int:
     from qkv.inference.classifier import Classifier
-    from qkv.tasks.classification import clean_text
 
     source = file_named(args.input)
     if args.text_field and (source is None or not holds_records(source)):
@@ -29,29 +30,43 @@ def run(args: argparse.Namespace) -> int:
         )
     check_output(args.output, args.input)  # before the work, not after
     classifier = Classifier.load(args.run_dir, device_name(args))
-    if source:
-        field = args.text_field or classifier.data.text_field
-        hint = FIELD_FLAGS[0]
-        texts = read_texts(Path(source), text_field=field, clean=clean_text, hint=hint)
-    else:
-        texts = input_lines(None)
-        if empty := [i + 1 for i, t in enumerate(texts) if is_blank(clean_text(t))]:
-            raise DataError("<stdin>", "empty text (nothing but spaces or line breaks)", empty[0])
-    if texts and texts[0].strip().startswith("{") and texts[0].strip().endswith("}"):
-        print(
-            "qkv: warning: the first text looks like a JSON object, and is classified whole; "
-            "an --input file named .jsonl gives its records' text field",
-            file=sys.stderr,
-        )
-    lines = []
-    for text, (label, prob) in zip(texts, classifier.predict(texts), strict=True):
-        if args.json:
-            record = {"label": label, "probability": round(prob, 6), "text": text}
-            lines.append(json_line(record))
-        else:
-            lines.append(f"{label}\t{prob:.4f}")
-    write_lines(args.output, lines)
+    field = args.text_field or classifier.data.text_field
+    with output_lines(args.output) as write:
+        for number, texts in enumerate(_text_chunks(source, field)):
+            if number == 0 and texts[0].strip().startswith("{") and texts[0].strip().endswith("}"):
+                print(
+                    "qkv: warning: the first text looks like a JSON object, and is classified "
+                    "whole; an --input file named .jsonl gives its records' text field",
+                    file=sys.stderr,
+                )
+            found = zip(texts, classifier.predict(texts), strict=True)
+            write([_line(text, label, prob, args.json) for text, (label, prob) in found])
     return 0
+
+
+def _line(text: str, label: str, probability: float, as_json: bool) -> str:
+    if as_json:
+        return json_line({"label": label, "probability": round(probability, 6), "text": text})
+    return f"{label}\t{probability:.4f}"
+
+
+def _text_chunks(source: str | None, field: str) -> Iterator[list[str]]:
+    """The texts to classify, `CHUNK_TEXTS` at a time: the `field` of each record of a JSON
+    Lines, CSV or TSV file (read whole: a CSV record may span lines), or the lines of another
+    file or of stdin (`source` None), read a chunk at a time; a blank text is a DataError."""
+    from qkv.tasks.classification import clean_text
+
+    if source and holds_records(source):
+        texts = read_texts(Path(source), text_field=field, clean=clean_text, hint=FIELD_FLAGS[0])
+        yield from (texts[i : i + CHUNK_TEXTS] for i in range(0, len(texts), CHUNK_TEXTS))
+        return
+    first = 1  # the number of the chunk's first line
+    for lines in input_chunks(source, CHUNK_TEXTS):
+        if empty := [i for i, text in enumerate(lines) if is_blank(clean_text(text))]:
+            problem = "empty text (nothing but spaces or line breaks)"
+            raise DataError(source or "<stdin>", problem, first + empty[0])
+        yield lines
+        first += len(lines)
 
 
 def evaluate_classification(args: argparse.Namespace) -> int:

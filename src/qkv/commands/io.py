@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
+from typing import TextIO
 
-from qkv.data.lines import decode_utf8, gunzip, split_lines
-from qkv.data.readers import read_lines
+from qkv.data.lines import CHUNK_LINES, line_chunks
 from qkv.errors import DataError
-from qkv.training.checkpoint import atomic_write_text
+from qkv.training.checkpoint import replacing
 
 STREAM = "-"
 """The name that means stdin (as an input) or stdout (as an output), as most tools take it."""
@@ -21,19 +24,25 @@ def file_named(path: str | None) -> str | None:
     return None if not path or path == STREAM else path
 
 
-def input_lines(path: str | None) -> list[str]:
+def input_chunks(path: str | None, size: int = CHUNK_LINES) -> Iterator[list[str]]:
     """Lines of `path` or stdin (no path, or "-"), gunzipped if gzipped and split on "\\n"
-    only; empty lines are kept (they translate to empty lines)."""
+    only, a chunk at a time (see `line_chunks`), so that an input of any length is read in
+    the same memory; empty lines are kept (they translate to empty lines). Empty stdin has
+    no lines; an empty file is a DataError."""
     if path := file_named(path):
-        return read_lines(Path(path), allow_empty=True)
+        yield from line_chunks(Path(path), size, allow_empty=True)
+        return
     if sys.stdin is None:  # started with stdin closed (`<&-`)
         raise DataError("<stdin>", "closed; give the input with --input FILE")
+    stream = sys.stdin.buffer
+    if not isinstance(stream, io.BufferedReader):  # a stdin replaced by a test, say
+        stream = io.BufferedReader(stream)
     try:
-        data = sys.stdin.buffer.read()
+        if not stream.peek(1):
+            return
     except OSError as error:
         raise DataError("<stdin>", f"unreadable ({error})") from None
-    text = decode_utf8(gunzip(data, "<stdin>"), "<stdin>")
-    return split_lines(text.removeprefix("\ufeff"), "<stdin>")
+    yield from line_chunks("<stdin>", size, allow_empty=True, stream=stream)
 
 
 def check_output(path: str | None, source: str | None = None) -> None:
@@ -65,22 +74,54 @@ def check_output(path: str | None, source: str | None = None) -> None:
         raise DataError(path, f"cannot write ({error.strerror or error})") from None
 
 
+@contextmanager
+def output_lines(path: str | None) -> Iterator[Callable[[list[str]], None]]:
+    """A function that writes lines to `path` or stdout (none given, or "-") as they come. A
+    file is replaced whole when the block ends, or not at all if it fails (it is written as a
+    temporary sibling meanwhile); stdout, or a device or pipe such as /dev/stdout, is written
+    as the lines come. A write that fails is a DataError naming `path`."""
+    name = file_named(path)
+    if name is None:
+        yield lambda lines: _write(sys.stdout, lines, "<stdout>")
+        return
+    target = Path(name).resolve() if Path(name).is_symlink() else Path(name)
+    in_place = target.exists() and not target.is_file()  # a device or pipe
+    inside = False  # whether the block failed: its errors pass as they are
+    try:
+        with nullcontext(target) if in_place else replacing(target) as file:
+            handle = file.open("w", encoding="utf-8")
+            try:
+                yield lambda lines: _write(handle, lines, name)
+            except BaseException:
+                inside = True
+                with suppress(OSError):  # flushing again what could not be written
+                    handle.close()
+                raise
+            with handle:
+                if not in_place:
+                    os.fsync(handle.fileno())
+                    if target.is_file():  # a replaced file keeps its permissions
+                        os.chmod(file, target.stat().st_mode & 0o7777)
+    except OSError as error:
+        if inside:
+            raise
+        raise DataError(name, f"cannot write ({error.strerror or error})") from None
+
+
 def write_lines(path: str | None, lines: list[str]) -> None:
-    """Writes lines to `path` or stdout. A file is replaced whole or not at all (through a
-    temporary sibling); a device or pipe such as /dev/stdout is written in place."""
-    text = "".join(line + "\n" for line in lines)
-    if path := file_named(path):
-        target = Path(path)
-        try:
-            if target.exists() and not target.is_file():
-                target.write_text(text, encoding="utf-8")
-            else:
-                atomic_write_text(target, text)
-        except OSError as error:
-            raise DataError(path, f"cannot write ({error.strerror})") from None
-    else:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+    """Writes `lines` to `path` or stdout, as `output_lines` does."""
+    with output_lines(path) as write:
+        write(lines)
+
+
+def _write(handle: TextIO, lines: list[str], name: str) -> None:
+    try:
+        handle.write("".join(line + "\n" for line in lines))
+        handle.flush()
+    except OSError as error:
+        if name == "<stdout>":  # a closed pipe, say: the command line's own handling
+            raise
+        raise DataError(name, f"cannot write ({error.strerror or error})") from None
 
 
 def json_line(record: object) -> str:

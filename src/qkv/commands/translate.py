@@ -6,17 +6,21 @@ import argparse
 from typing import TYPE_CHECKING
 
 from qkv.cli import decode_options, device_name, given_options
-from qkv.commands.io import check_output, input_lines, json_line, write_lines
+from qkv.commands.io import check_output, file_named, input_chunks, json_line, output_lines
+from qkv.data.lines import count_lines
 from qkv.errors import ConfigError
 
 if TYPE_CHECKING:
     from qkv.inference.translator import Hypothesis
 
+CHUNK_LINES = 16384  # lines read, translated and written at a time (sorted by length within)
 SEARCH_OPTIONS = ("--beam", "--alpha")
 SAMPLING_OPTIONS = ("--temperature", "--top-k", "--top-p", "--seed")
 
 
 def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
     from qkv.inference.translator import Translator
     from qkv.training.speed import tune_allocator
 
@@ -32,17 +36,28 @@ def run(args: argparse.Namespace) -> int:
     tune_allocator()  # decoding allocates the same large blocks every step
     check_output(args.output, args.input)  # before the work, not after
     translator = Translator.load(args.run_dir, device_name(args), args.engine, args.quantize)
-    lines = input_lines(args.input)
     options = decode_options(args, sampling=True)
-    found = translator.hypotheses(
-        lines, n_best=args.n_best, scored=args.json, progress=True, **options
-    )
-    if args.json:
-        pairs = zip(lines, found, strict=True)
-        output = [json_line(_record(line, h)) for line, h in pairs]
-    else:
-        output = [hypotheses[0].text for hypotheses in found]
-    write_lines(args.output, output)
+    source = file_named(args.input)
+    total = count_lines(source) if source else None  # stdin: a count without an end
+    # A chunk of lines at a time: an input of any length takes the same memory.
+    bar = tqdm(total=total, unit="sent", disable=None, leave=False)  # on a terminal's stderr
+    with output_lines(args.output) as write, bar:
+        start = 0
+        for lines in input_chunks(args.input, CHUNK_LINES):
+            found = translator.hypotheses(
+                lines,
+                n_best=args.n_best,
+                scored=args.json,
+                progress=bar.update,
+                start=start,
+                **options,
+            )
+            if args.json:
+                pairs = zip(lines, found, strict=True)
+                write([json_line(_record(line, h)) for line, h in pairs])
+            else:
+                write([hypotheses[0].text for hypotheses in found])
+            start += len(lines)
     return 0
 
 

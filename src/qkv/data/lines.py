@@ -10,10 +10,10 @@ import io
 import unicodedata
 import zlib
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from itertools import islice
 from pathlib import Path
-from typing import TypeVar
+from typing import BinaryIO, TypeVar
 
 from qkv.errors import DataError
 
@@ -54,14 +54,19 @@ def gunzip(data: bytes, path: str | Path) -> bytes:
 
 
 def line_chunks(
-    path: str | Path, size: int = CHUNK_LINES, *, allow_empty: bool = False
+    path: str | Path,
+    size: int = CHUNK_LINES,
+    *,
+    allow_empty: bool = False,
+    stream: io.BufferedReader | None = None,
 ) -> Iterator[list[str]]:
     """The lines of a UTF-8 text file, optionally gzipped, `size` at a time (the last chunk
     fewer), split on "\\n" only (a stray U+2028 cannot shift a parallel corpus out of
     alignment), without the carriage returns that end them or a leading byte-order mark. A
-    blank line (see `is_blank`) is a DataError unless `allow_empty`. Only one chunk is held."""
+    blank line (see `is_blank`) is a DataError unless `allow_empty`. Only one chunk is held.
+    `stream`: the bytes to read (stdin's, say) instead of the file, which `path` then names."""
     first = 1  # the number of the chunk's first line
-    with _opened(path) as handle:
+    with _opened(path, stream) as handle:
         while raw := _read(path, lambda: list(islice(handle, size))):
             text = decode_utf8(b"".join(raw), path, first)
             if first == 1:
@@ -124,9 +129,10 @@ def _first_blank(lines: list[str]) -> int | None:
 
 
 @contextmanager
-def _opened(path: str | Path) -> Iterator[io.BufferedIOBase]:
-    """The file's bytes, gunzipped if they are gzipped (by their magic bytes)."""
-    with _read(path, lambda: open(path, "rb")) as handle:
+def _opened(path: str | Path, stream: io.BufferedReader | None = None) -> Iterator[BinaryIO]:
+    """The file's bytes, or `stream`'s (left open), gunzipped if they are gzipped (by their
+    magic bytes)."""
+    with nullcontext(stream) if stream else _read(path, lambda: open(path, "rb")) as handle:
         head = _read(path, lambda: handle.peek(2)[:2])
         if Path(path).suffix == ".gz" and head and head != GZIP_MAGIC:
             raise DataError(path, "name ends in .gz but the file is not gzip-compressed")
@@ -134,7 +140,7 @@ def _opened(path: str | Path) -> Iterator[io.BufferedIOBase]:
             yield handle
             return
         with gzip.GzipFile(fileobj=handle) as unpacked:
-            yield unpacked
+            yield unpacked  # type: ignore[misc]
 
 
 def _read(path: str | Path, read: Callable[[], _T]) -> _T:

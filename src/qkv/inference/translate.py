@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -96,6 +97,9 @@ def check_n_best(n_best: int, options: DecodeOptions) -> None:
         )
 
 
+Progress = bool | Callable[[int], object]
+"""A bar of its own (True), none (False), or a function told how many sentences are done."""
+
 Found = tuple[list[int], float]
 """A translation's target ids (no BOS/EOS) and its score: log-probability (EOS included) over
 the GNMT length penalty for beam search, the log-probability for greedy and sampled outputs."""
@@ -106,7 +110,7 @@ def translate_ids(
     sources: list[list[int]],
     options: DecodeOptions,
     device: torch.device,
-    progress: bool = False,
+    progress: Progress = False,
 ) -> list[list[int]]:
     """The best translation of each source; see `translate_hypotheses`."""
     found = translate_hypotheses(model, sources, options, device, 1, progress, scored=False)
@@ -119,21 +123,27 @@ def translate_hypotheses(
     options: DecodeOptions,
     device: torch.device,
     n_best: int = 1,
-    progress: bool = False,
+    progress: Progress = False,
     scored: bool = True,
     weights: DecodingWeights | None = None,
+    start: int = 0,
 ) -> list[list[Found]]:
     """Translate token-id sequences into the `n_best` best target-id sequences (no BOS/EOS
     either) with their scores (NaN unless `scored`), in input order. `n_best` > 1 needs beam
     search at least that wide. A sampled sentence's stream is seeded from `options.seed` and
-    its place in `sources` only. `weights`: the model's frozen decoding weights, kept by the
-    caller from call to call (by default made for this call; not used with bf16).
+    its place in the input only: `start + ` its index in `sources`, so that an input
+    translated in parts samples as it would whole. `weights`: the model's frozen decoding
+    weights, kept by the caller from call to call (by default made for this call; not used
+    with bf16). `progress`: True for a bar on stderr (where it is a terminal), or a function
+    told the number of each batch's sentences as they are done.
 
     Raises ValueError for a token id outside the vocabulary, ConfigError for workers > 1 where
     workers cannot decode or `n_best` wider than the beam.
     """
     check_workers(options.workers, device)
     check_n_best(n_best, options)
+    if not (fits(start, int) and start >= 0):
+        raise ConfigError(f"start must be an int >= 0, got {start!r}")
     # Checked on the host: on a GPU an id out of range would leave the CUDA context unusable.
     vocab_size = model.config.vocab_size
     for number, sentence in enumerate(sources):
@@ -151,7 +161,8 @@ def translate_hypotheses(
         batched = token_budget_batches(lengths, budget, shuffle=False, seed=0, epoch=0)
         batches = [[todo[i] for i in batch] for batch in batched]
         generator = torch.Generator().manual_seed(options.seed)
-        seeds = torch.randint(2**62, (len(sources),), generator=generator).tolist()  # per sentence
+        drawn = torch.randint(2**62, (start + len(sources),), generator=generator)
+        seeds = drawn[start:].tolist()  # one a sentence, by its place in the whole input
 
         def decode(index: int) -> list[list[Found]]:
             rows = batches[index]
@@ -162,12 +173,14 @@ def translate_hypotheses(
         out: list[list[Found]] = [[([], 0.0)] for _ in sources]
         workers = auto_workers(options.workers, device, width)
         done = zip(batches, map_in_workers(decode, len(batches), workers), strict=True)
-        disable = None if progress else True  # None: a bar where stderr is a terminal
-        with tqdm(total=len(todo), unit="sent", disable=disable, leave=False) as bar:
+        disable = None if progress is True else True  # None: a bar where stderr is a terminal
+        with tqdm(total=len(sources), unit="sent", disable=disable, leave=False) as bar:
+            advance = progress if callable(progress) else bar.update
+            advance(len(sources) - len(todo))  # the blank ones
             for rows, found in done:
                 for r, hypotheses in zip(rows, found, strict=True):
                     out[r] = hypotheses
-                bar.update(len(rows))
+                advance(len(rows))
         return out
     finally:
         model.train(was_training)

@@ -14,7 +14,7 @@ from qkv.data.readers import is_blank, texts_list
 from qkv.data.tokenizer import Tokenizer
 from qkv.errors import CheckpointError, ConfigError
 from qkv.inference.incremental import DecodingWeights
-from qkv.inference.translate import DecodeOptions, Found, translate_hypotheses
+from qkv.inference.translate import DecodeOptions, Found, Progress, translate_hypotheses
 from qkv.model.seq2seq import Seq2SeqTransformer
 from qkv.run import RunConfig, load_run_weights, load_tokenizer
 from qkv.training.speed import pick_device
@@ -98,16 +98,17 @@ class Translator:
         )
         return cls(model, tokenizer, placed, exported)
 
-    def encode(self, sentences: list[str], stacklevel: int = 2) -> list[list[int]]:
-        """Token ids, truncated to what the model's positions allow, with a warning that names
-        the line `stacklevel` frames up (the caller's by default)."""
+    def encode(self, sentences: list[str], stacklevel: int = 2, start: int = 0) -> list[list[int]]:
+        """Token ids, truncated to what the model's positions allow, with a warning from the
+        line `stacklevel` frames up (the caller's by default) that numbers the sentences from
+        `start` + 1."""
         limit = self.model.config.max_len - 1
         ids = self.tokenizer.encode_batch(texts_list(sentences, "sentences"))
         long = [i for i, s in enumerate(ids) if len(s) > limit]
         if long:
             warnings.warn(
                 f"{len(long)} sentence(s) longer than {limit} tokens were truncated "
-                f"(first: #{long[0] + 1})",
+                f"(first: #{start + long[0] + 1})",
                 stacklevel=stacklevel,
             )
         return [s[:limit] for s in ids]
@@ -116,16 +117,19 @@ class Translator:
         self,
         sentences: list[str],
         beam_size: int | None = None,
-        progress: bool = False,
+        progress: Progress = False,
+        start: int = 0,
         **options: float | int | bool,
     ) -> list[str]:
         """Translate sentences; options are `DecodeOptions` fields (alpha, max_len_a, ...).
         The beam is 5 wide unless `sampling=True`, which decodes one line a sentence.
 
         Blank sentences translate to empty strings; `progress` draws a bar on stderr if it is a
-        terminal. Raises TypeError unless `sentences` is a list of strings.
+        terminal (or is a function told how many sentences are done). `start`: the place of
+        `sentences[0]` in an input translated in parts, which then samples as it would whole.
+        Raises TypeError unless `sentences` is a list of strings.
         """
-        found = self._hypotheses(sentences, beam_size, 1, progress, False, options)
+        found = self._hypotheses(sentences, beam_size, 1, progress, False, start, options)
         return [hypotheses[0].text for hypotheses in found]
 
     def hypotheses(
@@ -133,23 +137,26 @@ class Translator:
         sentences: list[str],
         beam_size: int | None = None,
         n_best: int = 1,
-        progress: bool = False,
+        progress: Progress = False,
         scored: bool = True,
+        start: int = 0,
         **options: float | int | bool,
     ) -> list[list[Hypothesis]]:
         """The `n_best` best translations of each sentence, best first, with their scores:
         log-probability over the GNMT length penalty for beam search, log-probability for
         greedy and sampled outputs (NaN when not `scored`). `n_best` is at most `beam_size`;
-        a blank sentence has one, the empty translation, scored 0."""
-        return self._hypotheses(sentences, beam_size, n_best, progress, scored, options)
+        a blank sentence has one, the empty translation, scored 0. `progress` and `start`: as
+        `translate` takes them."""
+        return self._hypotheses(sentences, beam_size, n_best, progress, scored, start, options)
 
     def _hypotheses(
         self,
         sentences: list[str],
         beam_size: int | None,
         n_best: int,
-        progress: bool,
+        progress: Progress,
         scored: bool,
+        start: int,
         options: dict[str, float | int | bool],
     ) -> list[list[Hypothesis]]:
         sentences = texts_list(sentences, "sentences")
@@ -160,12 +167,20 @@ class Translator:
         decode = DecodeOptions(**options)  # type: ignore[arg-type]
         texts = ["" if is_blank(s) else s for s in sentences]
         # Warnings name the line that called `translate` or `hypotheses`, 4 frames up.
-        sources = self.encode(texts, stacklevel=4)
+        sources = self.encode(texts, stacklevel=4, start=start)
         if self.engine is not None:
             found = self.engine.translate_hypotheses(sources, decode, n_best)
         else:
             found = translate_hypotheses(
-                self.model, sources, decode, self.device, n_best, progress, scored, self.weights
+                self.model,
+                sources,
+                decode,
+                self.device,
+                n_best,
+                progress,
+                scored,
+                self.weights,
+                start,
             )
         return [
             [
