@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -100,6 +101,34 @@ def test_translation_attention_has_the_shapes_of_its_tokens(url: str) -> None:
     for layer in attention["decoder"]:
         for head in layer:  # causal: nothing above the diagonal
             assert all(head[q][k] == 0 for q in range(target) for k in range(q + 1, target))
+
+
+@pytest.mark.parametrize("path", ["/translate", "/classify"])
+def test_attention_is_worked_out_while_the_server_serves_on(
+    translation_run: Path, classification_run: Path, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    from qkv.serve import models
+
+    entered, release = threading.Event(), threading.Event()
+    name = "translation_attention" if path == "/translate" else "classification_attention"
+    original = getattr(models, name)
+
+    def held(*args: Any) -> Any:  # a long text's attention, say
+        entered.set()
+        release.wait(30)
+        return original(*args)
+
+    monkeypatch.setattr(models, name, held)
+    served = load_served([translation_run, classification_run])  # its app closes it
+    texts = DATES[:1] if path == "/translate" else REVIEWS[:1]
+    with running(create_app(served, LIMITS)) as address, ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(post, address, path, {"texts": texts, "attention": True})
+        assert entered.wait(30)
+        try:  # on the event loop, the forward pass would hold this answer until it is done
+            assert httpx.get(address + "/health", timeout=5).json() == {"status": "ok"}
+        finally:
+            release.set()
+        assert "attention" in pending.result().json()["results"][0]
 
 
 def test_classification_attention_weighs_each_token(url: str) -> None:

@@ -89,17 +89,17 @@ class ServedTranslator:
         options = TranslateOptions.of(request)
         tokens = sum(len(ids) for ids in self.translator.encode(request.texts))
         found = await asyncio.wrap_future(self.batcher.submit(options, request.texts, tokens))
-        out = []
-        for text, hypotheses in zip(request.texts, found, strict=True):
-            best = hypotheses[0]
-            item: dict[str, Any] = {
-                "translation": best.text,
-                "score": best.score,
-                "n_best": [asdict(h) for h in hypotheses],
-            }
-            if request.attention:
-                item["attention"] = translation_attention(self.translator, text, best.ids)
-            out.append(item)
+        out = [
+            {"translation": h[0].text, "score": h[0].score, "n_best": [asdict(x) for x in h]}
+            for h in found
+        ]
+        if request.attention:  # a forward pass a text, in a thread: the event loop serves on
+            texts = zip(request.texts, found, strict=True)
+            maps = await asyncio.to_thread(
+                lambda: [translation_attention(self.translator, t, h[0].ids) for t, h in texts]
+            )
+            for item, attention in zip(out, maps, strict=True):
+                item["attention"] = attention
         return out
 
 
@@ -125,15 +125,16 @@ class ServedClassifier:
         tokens = sum(len(text) for text in request.texts) // 4 + len(request.texts)
         found = await asyncio.wrap_future(self.batcher.submit(None, request.texts, tokens))
         out = []
-        for text, probabilities in zip(request.texts, found, strict=True):
+        for probabilities in found:
             best = max(range(len(probabilities)), key=probabilities.__getitem__)
-            item: dict[str, Any] = {
-                "label": self.labels[best],
-                "probabilities": dict(zip(self.labels, probabilities, strict=True)),
-            }
-            if request.attention:
-                item["attention"] = classification_attention(self.classifier, text)
-            out.append(item)
+            labelled = dict(zip(self.labels, probabilities, strict=True))
+            out.append({"label": self.labels[best], "probabilities": labelled})
+        if request.attention:  # as for translation
+            maps = await asyncio.to_thread(
+                lambda: [classification_attention(self.classifier, t) for t in request.texts]
+            )
+            for item, attention in zip(out, maps, strict=True):
+                item["attention"] = attention
         return out
 
 
