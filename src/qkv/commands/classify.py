@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
         for number, texts in enumerate(_text_chunks(source, field)):
             if number == 0 and texts[0].strip().startswith("{") and texts[0].strip().endswith("}"):
                 print(
-                    "qkv: warning: the first text looks like a JSON object, and is classified "
+                    "warning: the first text looks like a JSON object, and is classified "
                     "whole; an --input file named .jsonl gives its records' text field",
                     file=sys.stderr,
                 )

@@ -207,7 +207,7 @@ class Trainer:
                     stepped = self.step(group, bar)
                     p.batch_index += len(group)
                     stop = self.agree(received)
-                    if stepped and self.should_stop():
+                    if stepped and self.spent():
                         p.done = True
                         break
                     # A skipped step leaves p.step unchanged: no second validation of it.
@@ -267,7 +267,7 @@ class Trainer:
         return reason
 
     def spent(self) -> str | None:
-        """Which of its budgets a resumed run has spent already, if any."""
+        """Which of its budgets the run has spent, if any (a resumed run may have already)."""
         c, p = self.config, self.progress
         if c.patience and p.evals_since_best >= c.patience:
             return f"its patience={c.patience} (validations without a better score)"
@@ -282,13 +282,6 @@ class Trainer:
                 if limit and value >= limit
             ),
             None,
-        )
-
-    def should_stop(self) -> bool:
-        c, p = self.config, self.progress
-        return bool(
-            (c.max_steps and p.step >= c.max_steps)
-            or (c.max_minutes and p.elapsed >= c.max_minutes * 60)
         )
 
     def learning_rate(self, step: int) -> float:
