@@ -108,12 +108,6 @@ def output_lines(path: str | None) -> Iterator[Callable[[list[str]], None]]:
         raise DataError(name, f"cannot write ({error.strerror or error})") from None
 
 
-def write_lines(path: str | None, lines: list[str]) -> None:
-    """Writes `lines` to `path` or stdout, as `output_lines` does."""
-    with output_lines(path) as write:
-        write(lines)
-
-
 def _write(handle: TextIO, lines: list[str], name: str) -> None:
     try:
         handle.write("".join(line + "\n" for line in lines))

@@ -46,13 +46,6 @@ def decode_utf8(data: bytes, path: str | Path, first_line: int = 1) -> str:
         ) from None
 
 
-def gunzip(data: bytes, path: str | Path) -> bytes:
-    """`data` decompressed if it is gzipped (by its magic bytes), else as it is."""
-    if not data.startswith(GZIP_MAGIC):
-        return data
-    return _read(path, lambda: gzip.decompress(data))
-
-
 def line_chunks(
     path: str | Path,
     size: int = CHUNK_LINES,
