@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import stat
@@ -262,6 +263,8 @@ def test_the_torch_engines_options_are_refused(run: Path) -> None:
     for option, match in (("workers", "workers is a torch-engine option"), ("bf16", "bf16 is")):
         with pytest.raises(ConfigError, match=match):
             translator.translate(["1 2 3"], **{option: 2 if option == "workers" else True})
+    with pytest.raises(TypeError, match="load one in each process"):
+        copy.deepcopy(translator)  # nor pickled: CTranslate2's translator cannot be
 
 
 def vocabulary(translator: Translator) -> list[str]:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import pytest
 import torch
 
+from qkv import fast
 from qkv.data.tokenizer import Tokenizer
 from qkv.errors import ConfigError
 from qkv.inference.translator import Translator
@@ -112,3 +116,29 @@ def test_the_device_may_be_given_by_name(translator: Translator) -> None:
     named = Translator(translator.model, translator.tokenizer, "cpu")
     assert named.device == torch.device("cpu")
     assert named.translate(SENTENCES, beam_size=1) == translator.translate(SENTENCES, beam_size=1)
+
+
+def fast_translator() -> Translator:
+    """As `Translator.load` makes it: the model turned fast."""
+    tokenizer = Tokenizer.train(SENTENCES * 5, vocab_size=60, min_frequency=1)
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(tiny_config(vocab_size=tokenizer.vocab_size, max_len=32))
+    fast.apply(model)
+    return Translator(model, tokenizer, torch.device("cpu"))
+
+
+def test_a_translator_may_be_copied_and_pickled_after_translating() -> None:
+    translator = fast_translator()
+    expected = translator.translate(SENTENCES, beam_size=2)  # its decoder frozen
+    for twin in (copy.deepcopy(translator), pickle.loads(pickle.dumps(translator))):
+        assert twin.translate(SENTENCES, beam_size=2) == expected
+        assert twin.weights is not translator.weights and twin.weights.model is twin.model
+
+
+def test_a_model_moved_to_another_dtype_after_translating_decodes_in_it() -> None:
+    translator = fast_translator()
+    translator.translate(SENTENCES, beam_size=1)
+    translator.model.double()  # after the decoder was frozen in float32
+    again = translator.translate(SENTENCES, beam_size=1)
+    fresh = Translator(translator.model, translator.tokenizer, torch.device("cpu"))
+    assert again == fresh.translate(SENTENCES, beam_size=1)

@@ -1,6 +1,7 @@
 import pytest
 
 from qkv.errors import ConfigError
+from qkv.model.classifier import TextClassifier
 from qkv.model.config import ModelConfig
 from qkv.model.seq2seq import Seq2SeqTransformer
 from qkv.presets import transformer_base, transformer_small
@@ -17,6 +18,12 @@ def test_indivisible_heads_are_explained() -> None:
 def test_bad_values_are_rejected(field: str, value: object) -> None:
     with pytest.raises(ConfigError):
         ModelConfig(**{field: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("model", [Seq2SeqTransformer, TextClassifier])
+def test_a_model_is_built_from_a_config_not_from_its_fields(model: type) -> None:
+    with pytest.raises(TypeError, match="config must be a ModelConfig, got dict"):
+        model({"d_model": 64})
 
 
 def test_round_trip_and_unknown_keys() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
+import torch
 from torch import Tensor
 
 from qkv import fast
@@ -23,15 +24,19 @@ class DecodingWeights:
     def __init__(self, model: Seq2SeqTransformer) -> None:
         self.model = model
         self._made: tuple[Seq2SeqTransformer, OutputLayer] | None = None
+        self._made_for: set[tuple[torch.dtype, torch.device]] = set()
         self._making = threading.Lock()
 
     def frozen(self) -> tuple[Seq2SeqTransformer, OutputLayer]:
-        """The model with its decoder frozen and the frozen output layer."""
+        """The model with its decoder frozen and the frozen output layer; made again if the
+        model has moved to another dtype or device since (`model.double()`, say)."""
         with self._making:
-            if self._made is None:
+            placed = {(p.dtype, p.device) for p in self.model.parameters()}
+            if self._made is None or placed != self._made_for:
                 made_fast = fast.applied(self.model)
                 frozen = frozen_for_decoding(self.model) if made_fast else self.model
                 self._made = frozen, OutputLayer(self.model.output, fast=made_fast)
+                self._made_for = placed
             return self._made
 
 

@@ -43,8 +43,8 @@ class Engine(Protocol):
 class Translator:
     """A trained translation model with its tokenizer, decoding with PyTorch or, when loaded
     with `engine="ctranslate2"`, with the run's CTranslate2 export. Its decoder is frozen for
-    decoding at the first translation and kept: after changing the model's weights, make a
-    new `Translator`."""
+    decoding at the first translation and kept (frozen again if the model moves to another
+    dtype or device): after changing the model's weights, make a new `Translator`."""
 
     def __init__(
         self,
@@ -56,6 +56,20 @@ class Translator:
         self.device = torch.device(device)  # a name ("cpu") too
         self.model, self.tokenizer = model.eval().to(self.device), tokenizer
         self.engine = engine
+        self.weights = DecodingWeights(self.model)
+
+    def __getstate__(self) -> dict[str, object]:
+        """What a copy or a pickle keeps (for a process pool, say): all but the frozen decoder,
+        made again at the first translation. The CTranslate2 engine cannot be pickled."""
+        if self.engine is not None:
+            raise TypeError(
+                "a Translator with engine='ctranslate2' cannot be copied or pickled; load one "
+                "in each process with Translator.load(run_dir, engine='ctranslate2')"
+            )
+        return {name: value for name, value in vars(self).items() if name != "weights"}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        vars(self).update(state)
         self.weights = DecodingWeights(self.model)
 
     @classmethod

@@ -19,6 +19,8 @@ class TextClassifier(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
+        if not isinstance(config, ModelConfig):  # a dict of its fields, say
+            raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
         if config.n_classes < 2:
             raise ValueError(f"a classifier needs n_classes >= 2, got {config.n_classes}")
         self.config = config

@@ -24,6 +24,8 @@ class Seq2SeqTransformer(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
+        if not isinstance(config, ModelConfig):  # a dict of its fields, say
+            raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
         if config.n_decoder_layers < 1:
             raise ValueError("a sequence-to-sequence model needs n_decoder_layers >= 1")
         self.config = config
