@@ -3,9 +3,12 @@ elsewhere or after their data moved, fields of the user's naming, stdin as a fil
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
+import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +19,7 @@ from qkv.cli import main
 from qkv.training.checkpoint import UMASK
 
 TRANSLATION = Path(__file__).resolve().parents[1] / "corpus" / "translation" / "good"
+QKV = Path(sys.executable).with_name("qkv")
 TINY_TRANSLATION = [
     "--preset",
     "tiny",
@@ -265,6 +269,57 @@ def test_stdin_is_read_as_a_file_is(
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"gut\nein \xff\n")))
     code, _, err = qkv(capsys, "translate", translation_run)
     assert err == "qkv: <stdin>:2: invalid UTF-8 (byte 0xff at column 5)\n"
+
+
+def test_stdin_of_only_a_byte_order_mark_has_no_lines(
+    translation_run: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for data in ("\ufeff".encode(), gzip.compress(b"")):
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+        assert qkv(capsys, "translate", translation_run) == (0, "", "")
+
+
+def test_dev_stdout_and_pipes_are_written_as_the_shell_opened_them(
+    translation_run: Path, tmp_path: Path
+) -> None:
+    """`--output /dev/stdout` into a pipe or appended to a file (`>>`), and `--input` from a
+    pipe (/dev/stdin, a named pipe), which is read once."""
+    source = TRANSLATION / "val.de"
+    command = [str(QKV), "translate", str(translation_run), "--beam", "1"]
+    expected = subprocess.run(
+        [*command, "--input", str(source)], capture_output=True, text=True, check=True
+    ).stdout
+    piped = subprocess.run(
+        [*command, "--input", "/dev/stdin", "--output", "/dev/stdout"],
+        input=source.read_text(encoding="utf-8"),
+        capture_output=True,
+        text=True,
+    )
+    assert (piped.returncode, piped.stdout, piped.stderr) == (0, expected, "")
+    log = tmp_path / "log.txt"
+    log.write_text("before\n", encoding="utf-8")
+    with log.open("a") as appended:
+        subprocess.run([*command, "--input", str(source), "--output", "/dev/stdout"],
+                       stdout=appended, check=True)  # fmt: skip
+    assert log.read_text(encoding="utf-8") == "before\n" + expected
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with subprocess.Popen(["cp", str(source), str(fifo)]):
+        found = subprocess.run(
+            [*command, "--input", str(fifo)], capture_output=True, text=True, timeout=120
+        )
+    assert (found.returncode, found.stdout) == (0, expected), found.stderr
+
+
+def test_an_input_named_as_the_output_s_temporary_file_is_left_alone(
+    translation_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source, out = tmp_path / "out.txt.tmp", tmp_path / "out.txt"
+    shutil.copy(TRANSLATION / "val.de", source)
+    assert qkv(capsys, "translate", translation_run, "--input", source, "--output", out)[0] == 0
+    lines = (TRANSLATION / "val.de").read_bytes()
+    assert source.read_bytes() == lines
+    assert len(out.read_text(encoding="utf-8").splitlines()) == len(lines.splitlines())
 
 
 def test_a_run_that_fails_before_it_begins_leaves_no_directory(

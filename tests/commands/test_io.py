@@ -32,6 +32,8 @@ def test_an_output_file_is_replaced_whole_or_not_at_all(tmp_path: Path) -> None:
     assert out.read_text(encoding="utf-8") == "before\n" and list(tmp_path.iterdir()) == [out]
     with output_lines(str(out)) as write:
         write(["one"])
+        (temporary,) = [path for path in tmp_path.iterdir() if path != out]
+        assert temporary.stat().st_mode & 0o777 == 0o600  # while it is written: its owner's
         write(["two", "three"])
     assert out.read_text(encoding="utf-8") == "one\ntwo\nthree\n"
     assert out.stat().st_mode & 0o777 == 0o600  # its permissions kept

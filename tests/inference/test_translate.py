@@ -10,7 +10,12 @@ import pytest
 import torch
 
 from qkv.errors import ConfigError
-from qkv.inference.translate import DecodeOptions, translate_hypotheses, translate_ids
+from qkv.inference.translate import (
+    DecodeOptions,
+    sentence_seeds,
+    translate_hypotheses,
+    translate_ids,
+)
 from qkv.model.seq2seq import Seq2SeqTransformer
 from tests.inference.helpers import fast_copy
 from tests.model.helpers import tiny_config
@@ -127,6 +132,14 @@ def test_an_input_sampled_in_parts_samples_as_it_would_whole() -> None:
     for start in (-1, 1.5):
         with pytest.raises(ConfigError, match="start must be an int >= 0"):
             run(sources, start=start)  # type: ignore[arg-type]
+
+
+def test_a_sentence_s_seed_costs_the_same_anywhere_in_the_input() -> None:
+    far = 10**15  # drawing every seed before it would take petabytes
+    assert sentence_seeds(3, far, 2) == sentence_seeds(3, far - 1, 3)[1:]
+    seeds = sentence_seeds(3, 0, 1000)
+    assert len(set(seeds)) == 1000 and max(seeds) < 2**62 < max(seeds) * 8
+    assert sentence_seeds(4, 0, 5) != seeds[:5]
 
 
 @pytest.mark.parametrize(

@@ -6,14 +6,15 @@ import io
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext, suppress
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TextIO
 
 from qkv.data.lines import CHUNK_LINES, line_chunks
 from qkv.errors import DataError
-from qkv.training.checkpoint import replacing
+from qkv.training.checkpoint import UMASK, fsync_dir
 
 STREAM = "-"
 """The name that means stdin (as an input) or stdout (as an output), as most tools take it."""
@@ -37,12 +38,14 @@ def input_chunks(path: str | None, size: int = CHUNK_LINES) -> Iterator[list[str
     stream = sys.stdin.buffer
     if not isinstance(stream, io.BufferedReader):  # a stdin replaced by a test, say
         stream = io.BufferedReader(stream)
-    try:
-        if not stream.peek(1):
-            return
-    except OSError as error:
-        raise DataError("<stdin>", f"unreadable ({error})") from None
     yield from line_chunks("<stdin>", size, allow_empty=True, stream=stream)
+
+
+def in_place(path: Path) -> bool:
+    """Whether `path` is written where it is rather than replaced: a device or pipe, or a
+    name under /dev or /proc (/dev/stdout, which the shell may have opened on a file)."""
+    special = path.absolute().parts[1:2] in (("dev",), ("proc",))
+    return path.exists() and (special or not path.is_file())
 
 
 def check_output(path: str | None, source: str | None = None) -> None:
@@ -58,7 +61,7 @@ def check_output(path: str | None, source: str | None = None) -> None:
         raise DataError(path, "is a directory; give a file name")
     if source and target.exists() and Path(source).exists() and os.path.samefile(target, source):
         raise DataError(path, "is the input file, which the output would replace")
-    if target.exists() and not target.is_file():  # a device or pipe, written in place
+    if in_place(target):
         if not os.access(target, os.W_OK):
             raise DataError(path, "cannot write (permission denied)")
         return
@@ -76,46 +79,62 @@ def check_output(path: str | None, source: str | None = None) -> None:
 
 @contextmanager
 def output_lines(path: str | None) -> Iterator[Callable[[list[str]], None]]:
-    """A function that writes lines to `path` or stdout (none given, or "-") as they come. A
-    file is replaced whole when the block ends, or not at all if it fails (it is written as a
-    temporary sibling meanwhile); stdout, or a device or pipe such as /dev/stdout, is written
-    as the lines come. A write that fails is a DataError naming `path`."""
+    """A function that writes lines to `path` or stdout (none given, or "-") as they come.
+    A file is replaced whole when the block ends, or not at all if it fails: it is written as
+    a temporary sibling of its own meanwhile, readable by its owner only, then given the
+    file's permissions (a new one's as `open` makes them); a symbolic link is written
+    through. Where `in_place`, the lines are appended as they come, as to stdout (a shell's
+    `>>` appends, its `>` has emptied the file). A write that fails is a DataError naming
+    `path`."""
     name = file_named(path)
     if name is None:
         yield lambda lines: _write(sys.stdout, lines, "<stdout>")
         return
-    target = Path(name).resolve() if Path(name).is_symlink() else Path(name)
-    in_place = target.exists() and not target.is_file()  # a device or pipe
-    inside = False  # whether the block failed: its errors pass as they are
+    if in_place(given := Path(name)):
+        with _cannot_write(name):
+            handle = given.open("a", encoding="utf-8")
+        try:
+            yield lambda lines: _write(handle, lines, name)
+        finally:
+            with suppress(OSError):  # flushing again what could not be written
+                handle.close()
+        return
+    target = given.resolve()
+    mode = target.stat().st_mode & 0o7777 if target.is_file() else 0o666 & ~UMASK
+    with _cannot_write(name):
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    handle = os.fdopen(fd, "w", encoding="utf-8")
     try:
-        with nullcontext(target) if in_place else replacing(target) as file:
-            handle = file.open("w", encoding="utf-8")
-            try:
-                yield lambda lines: _write(handle, lines, name)
-            except BaseException:
-                inside = True
-                with suppress(OSError):  # flushing again what could not be written
-                    handle.close()
-                raise
-            with handle:
-                if not in_place:
-                    os.fsync(handle.fileno())
-                    if target.is_file():  # a replaced file keeps its permissions
-                        os.chmod(file, target.stat().st_mode & 0o7777)
+        yield lambda lines: _write(handle, lines, name)
+        with _cannot_write(name), handle:
+            handle.flush()
+            os.fsync(handle.fileno())
+            os.chmod(tmp, mode)
+            os.replace(tmp, target)
+            fsync_dir(target.parent)
+    finally:
+        with suppress(OSError):  # closed already, unless the block failed
+            handle.close()
+        with suppress(FileNotFoundError):  # renamed already, unless something failed
+            os.unlink(tmp)
+
+
+@contextmanager
+def _cannot_write(name: str) -> Iterator[None]:
+    try:
+        yield
     except OSError as error:
-        if inside:
-            raise
         raise DataError(name, f"cannot write ({error.strerror or error})") from None
 
 
 def _write(handle: TextIO, lines: list[str], name: str) -> None:
-    try:
+    if name == "<stdout>":  # a closed pipe, say: the command line's own handling
         handle.write("".join(line + "\n" for line in lines))
         handle.flush()
-    except OSError as error:
-        if name == "<stdout>":  # a closed pipe, say: the command line's own handling
-            raise
-        raise DataError(name, f"cannot write ({error.strerror or error})") from None
+        return
+    with _cannot_write(name):
+        handle.write("".join(line + "\n" for line in lines))
+        handle.flush()
 
 
 def json_line(record: object) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qkv.cli import decode_options, device_name, given_options
@@ -37,10 +38,11 @@ def run(args: argparse.Namespace) -> int:
     check_output(args.output, args.input)  # before the work, not after
     translator = Translator.load(args.run_dir, device_name(args), args.engine, args.quantize)
     options = decode_options(args, sampling=True)
-    source = file_named(args.input)
-    total = count_lines(source) if source else None  # stdin: a count without an end
     # A chunk of lines at a time: an input of any length takes the same memory.
-    bar = tqdm(total=total, unit="sent", disable=None, leave=False)  # on a terminal's stderr
+    bar = tqdm(unit="sent", disable=None, leave=False)  # on a terminal's stderr
+    source = file_named(args.input)
+    if not bar.disable and source and Path(source).is_file():  # not a pipe: it reads once
+        bar.reset(total=count_lines(source))
     with output_lines(args.output) as write, bar:
         start = 0
         for lines in input_chunks(args.input, CHUNK_LINES):

@@ -57,7 +57,8 @@ def line_chunks(
     fewer), split on "\\n" only (a stray U+2028 cannot shift a parallel corpus out of
     alignment), without the carriage returns that end them or a leading byte-order mark. A
     blank line (see `is_blank`) is a DataError unless `allow_empty`. Only one chunk is held.
-    `stream`: the bytes to read (stdin's, say) instead of the file, which `path` then names."""
+    `stream`: the bytes to read (stdin's, say) instead of the file, which `path` then names;
+    an empty file is a DataError, an empty stream has no lines (the end of a pipe)."""
     first = 1  # the number of the chunk's first line
     with _opened(path, stream) as handle:
         while raw := _read(path, lambda: list(islice(handle, size))):
@@ -65,13 +66,13 @@ def line_chunks(
             if first == 1:
                 text = text.removeprefix("\ufeff")
                 if not text:
-                    raise DataError(path, "file is empty")
+                    break
             lines = split_lines(text, path) if first == 1 else split_text(text)
             if not allow_empty and (blank := _first_blank(lines)) is not None:
                 raise DataError(path, "empty line", line=first + blank)
             first += len(lines)
             yield lines
-    if first == 1:
+    if first == 1 and stream is None:
         raise DataError(path, "file is empty")
 
 

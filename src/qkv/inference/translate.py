@@ -7,6 +7,7 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 from tqdm import tqdm
@@ -142,8 +143,7 @@ def translate_hypotheses(
     """
     check_workers(options.workers, device)
     check_n_best(n_best, options)
-    if not (fits(start, int) and start >= 0):
-        raise ConfigError(f"start must be an int >= 0, got {start!r}")
+    check_start(start)
     # Checked on the host: on a GPU an id out of range would leave the CUDA context unusable.
     vocab_size = model.config.vocab_size
     for number, sentence in enumerate(sources):
@@ -160,9 +160,7 @@ def translate_hypotheses(
         lengths, budget = [len(sources[i]) for i in todo], max(options.max_tokens // beams, 1)
         batched = token_budget_batches(lengths, budget, shuffle=False, seed=0, epoch=0)
         batches = [[todo[i] for i in batch] for batch in batched]
-        generator = torch.Generator().manual_seed(options.seed)
-        drawn = torch.randint(2**62, (start + len(sources),), generator=generator)
-        seeds = drawn[start:].tolist()  # one a sentence, by its place in the whole input
+        seeds = sentence_seeds(options.seed, start, len(sources))
 
         def decode(index: int) -> list[list[Found]]:
             rows = batches[index]
@@ -184,6 +182,22 @@ def translate_hypotheses(
         return out
     finally:
         model.train(was_training)
+
+
+def check_start(start: int) -> None:
+    """Raise ConfigError unless `start`, the place of a part's first sentence in the whole
+    input, is a count."""
+    if not (fits(start, int) and start >= 0):
+        raise ConfigError(f"start must be an int >= 0, got {start!r}")
+
+
+def sentence_seeds(seed: int, start: int, count: int) -> list[int]:
+    """The sampling seeds of sentences `start` to `start + count` of an input: numbers of 62
+    bits drawn by a counter-based generator (Philox) keyed by `seed`, one counter a sentence,
+    so that a sentence's seed hangs on `seed` and its place alone, in parts or whole, at the
+    same cost anywhere in the input."""
+    drawn = np.random.Philox(key=seed, counter=start).random_raw(4 * count)  # 4 a counter
+    return (drawn[::4] >> np.uint64(2)).tolist()
 
 
 def budgets(src_lengths: Tensor, options: DecodeOptions, max_len: int) -> Tensor:

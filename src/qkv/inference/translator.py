@@ -14,7 +14,13 @@ from qkv.data.readers import is_blank, texts_list
 from qkv.data.tokenizer import Tokenizer
 from qkv.errors import CheckpointError, ConfigError
 from qkv.inference.incremental import DecodingWeights
-from qkv.inference.translate import DecodeOptions, Found, Progress, translate_hypotheses
+from qkv.inference.translate import (
+    DecodeOptions,
+    Found,
+    Progress,
+    check_start,
+    translate_hypotheses,
+)
 from qkv.model.seq2seq import Seq2SeqTransformer
 from qkv.run import RunConfig, load_run_weights, load_tokenizer
 from qkv.training.speed import pick_device
@@ -183,7 +189,10 @@ class Translator:
         # Warnings name the line that called `translate` or `hypotheses`, 4 frames up.
         sources = self.encode(texts, stacklevel=4, start=start)
         if self.engine is not None:
+            check_start(start)  # which CTranslate2, seeded a call, has no use for
             found = self.engine.translate_hypotheses(sources, decode, n_best)
+            if callable(progress):
+                progress(len(sources))
         else:
             found = translate_hypotheses(
                 self.model,

@@ -6,17 +6,14 @@ serving. Concurrent requests to one model decode together (`batcher.py`).
 
 from __future__ import annotations
 
-import asyncio
-import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from functools import partial
 from importlib import resources
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
@@ -96,32 +93,24 @@ def create_app(served: dict[str, Served], limits: Limits | None = None) -> FastA
         return {"models": [model.info() for model in served.values()], "limits": vars(limits)}
 
     @app.post("/translate")
-    async def translate(request: TranslateRequest) -> Response:
+    async def translate(request: TranslateRequest) -> dict[str, Any]:
         """Translations with their scores and n-best lists (and attention weights if asked)."""
         check_texts(request, limits)
         model: ServedTranslator = pick(request.model, ServedTranslator)
-        return await _json({"model": model.name, "results": await model.answer(request)})
+        return {"model": model.name, "results": await model.answer(request)}
 
     @app.post("/classify")
-    async def classify(request: ClassifyRequest) -> Response:
+    async def classify(request: ClassifyRequest) -> dict[str, Any]:
         """Labels with their probabilities (and attention weights if asked)."""
         check_texts(request, limits)
         model: ServedClassifier = pick(request.model, ServedClassifier)
-        return await _json({"model": model.name, "results": await model.answer(request)})
+        return {"model": model.name, "results": await model.answer(request)}
 
     @app.get("/", include_in_schema=False)
     async def page() -> FileResponse:
         return FileResponse(str(STATIC / "index.html"))
 
     return app
-
-
-async def _json(payload: dict[str, Any]) -> Response:
-    """`payload` as JSONResponse renders it, but encoded in a thread: with attention weights
-    it can take tens of megabytes, and the event loop serves the other requests meanwhile."""
-    render = partial(json.dumps, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    body = await asyncio.to_thread(render, payload)
-    return Response(body.encode(), media_type="application/json")
 
 
 def _error(status: int, field: str, message: str) -> JSONResponse:
