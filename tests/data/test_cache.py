@@ -75,6 +75,15 @@ def test_a_cache_left_unfinished_leaves_nothing_and_the_old_one_whole(tmp_path: 
     assert list(tmp_path.iterdir()) == [path]
 
 
+def test_the_parts_of_a_build_that_was_killed_are_removed_by_the_next(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.safetensors"
+    left = tmp_path / f"{path.name}.k1ll3d.tmp"
+    left.mkdir()
+    (left / "train.src.ids").write_bytes(b"\0" * 64)
+    write_cache(path)
+    assert list(tmp_path.iterdir()) == [path]
+
+
 def test_text_digest_tells_other_text_apart() -> None:
     base = text_digest(["a b", "c"], ["0", "1"])
     assert text_digest(["a b", "c"], ["0", "1"]) == base

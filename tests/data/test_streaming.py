@@ -65,3 +65,14 @@ def test_a_sample_for_the_tokenizer_is_spread_over_both_sides(tmp_path: Path) ->
     assert list(files.texts()) == SOURCES + TARGETS
     assert list(files.texts(cap=10)) == SOURCES[::5] + TARGETS[::5]
     assert list(files.texts(cap=12)) == SOURCES[::5] + TARGETS[::5]  # at most the cap
+
+
+@pytest.mark.parametrize("change", [5, -5])
+def test_pairs_that_change_while_they_are_read_are_named(tmp_path: Path, change: int) -> None:
+    """Both sides grown (or cut) alike between their count and their reading."""
+    files = write_pairs(tmp_path, SOURCES, TARGETS)
+    changed = ParallelFiles(files.src, files.tgt, files.lines - change)  # as counted before
+    with pytest.raises(DataError, match="changed while it was read together with"):
+        list(changed.chunks(7))
+    with pytest.raises(DataError, match="changed while it was read together with"):
+        changed.digests()

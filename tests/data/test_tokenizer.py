@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from qkv.data.special import BOS_ID, CLS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
-from qkv.data.tokenizer import Tokenizer
+from qkv.data.tokenizer import LEARN_CHARS, Tokenizer
 from qkv.errors import CheckpointError, ConfigError
 
 SENTENCE_TEXT = (
@@ -188,3 +188,19 @@ def test_load_wrong_special_ids(tokenizer: Tokenizer, tmp_path: Path) -> None:
     path.write_text(json.dumps(data))
     with pytest.raises(CheckpointError, match="special token"):
         Tokenizer.load(path)
+
+
+def test_a_very_long_word_is_learnt_from_its_first_characters_only() -> None:
+    """BPE's time grows with the square of a word's length: a line of 10**6 "x" took hours."""
+    tokenizer = Tokenizer.train(["a b c"] * 10 + ["x" * 100_000], vocab_size=100)
+    longest = max(len(token) for token in tokenizer._hf.get_vocab())
+    assert 2**12 < longest <= LEARN_CHARS  # merged up to within the cut, not past it
+
+
+def test_an_alphabet_of_thousands_of_characters_is_kept_whole() -> None:
+    """Chinese, say: 1,500 characters, each seen twice, and a vocabulary room for them."""
+    characters = [chr(0x4E00 + i) for i in range(1500)]
+    texts = [" ".join(characters[i : i + 10]) for i in range(0, 1500, 10)] * 2
+    tokenizer = Tokenizer.train(texts, vocab_size=4000, min_frequency=2)
+    ids = [i for row in tokenizer.encode_batch(texts) for i in row]
+    assert UNK_ID not in ids

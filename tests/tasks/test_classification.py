@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from qkv.data.cache import CACHE_FILE
 from qkv.errors import ConfigError, DataError
 from qkv.tasks.classification import (
     ClassificationData,
@@ -68,6 +69,23 @@ def test_training_tokens_are_read_from_the_cache(tmp_path: Path) -> None:
     assert len(corpora["valid.ids"]) == len(corpora["valid.labels"]) == 3
     labels = [*corpora["train.labels"].flat().tolist(), *corpora["valid.labels"].flat().tolist()]
     assert sorted(labels) == [0] * 15 + [1] * 15
+
+
+def test_a_resumed_run_holds_out_the_share_it_began_with_whatever_its_seed(
+    tmp_path: Path,
+) -> None:
+    """A resume whose cache is gone splits again: by the run's first seed, not its new one,
+    lest it train on what it validated on."""
+    path = tmp_path / "reviews.jsonl"
+    rows = [{"text": f"review {i} " + "good " * (i % 5), "label": i % 2} for i in range(30)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    data = ClassificationData(train_file=str(path), vocab_size=60, min_frequency=1)
+    tokenizer, first, data = prepare(data, tmp_path / "run", None, seed=0)
+    assert data.split_seed == 0
+    (tmp_path / "run" / CACHE_FILE).unlink()
+    with pytest.warns(UserWarning, match="is gone"):
+        _, again, _ = prepare(data, tmp_path / "run", tokenizer, seed=7)  # resumed, seed=7
+    assert [list(row) for row in again["valid.ids"]] == [list(row) for row in first["valid.ids"]]
 
 
 def test_validation_texts_that_are_training_texts_are_warned_of(

@@ -132,8 +132,9 @@ def _check_new(out: Path) -> None:
     if foreign := sorted(path.name for path in out.iterdir() if path.name != LOCK_FILE):
         more = ", ..." if len(foreign) > 3 else ""
         raise ConfigError(
-            f"{out} holds files and no run ({', '.join(foreign[:3])}{more}); "
-            "give a new or empty directory"
+            f"{out} holds files and no run ({', '.join(foreign[:3])}{more}); give a new or "
+            "empty directory (a run killed before it saved its settings leaves its tokenizer "
+            "and cache: remove the directory to start it again)"
         )
 
 

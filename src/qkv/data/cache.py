@@ -108,6 +108,8 @@ class TokenCacheWriter(contextlib.ExitStack):
         super().__init__()
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
+        for left in path.parent.glob(f"{path.name}.*.tmp"):  # by a build that was killed
+            shutil.rmtree(left, ignore_errors=True)
         self.work = Path(tempfile.mkdtemp(prefix=f"{path.name}.", suffix=".tmp", dir=path.parent))
         self.callback(shutil.rmtree, self.work, ignore_errors=True)  # once the parts are closed
         self.parts: dict[str, _Part] = {}  # by tensor: "train.src.offsets", "train.src.ids"

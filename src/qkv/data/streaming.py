@@ -41,10 +41,17 @@ class ParallelFiles:
     def chunks(self, size: int = CHUNK_LINES) -> Iterator[tuple[list[str], list[str]]]:
         """Aligned chunks of (source lines, target lines), checked as `read_lines` checks."""
         sides = zip_longest(line_chunks(self.src, size), line_chunks(self.tgt, size))
+        read = 0
         for src, tgt in sides:
-            if src is None or tgt is None or len(src) != len(tgt):
-                raise DataError(self.src, f"changed while it was read together with {self.tgt}")
+            read += len(src or ())
+            if src is None or tgt is None or len(src) != len(tgt) or read > self.lines:
+                raise self.changed()
             yield src, tgt
+        if read != self.lines:
+            raise self.changed()
+
+    def changed(self) -> DataError:
+        return DataError(self.src, f"changed while it was read together with {self.tgt}")
 
     def texts(self, cap: int = 0) -> Iterator[str]:
         """Every source line, then every target line; with `cap`, every k-th line of each
@@ -62,9 +69,12 @@ class ParallelFiles:
         for path in (self.src, self.tgt):
             digest = StreamDigest()
             digest.column(self.lines)
-            for chunk in line_chunks(path):
-                digest.update(chunk)
-            found.append(digest.hexdigest())
+            try:
+                for chunk in line_chunks(path):
+                    digest.update(chunk)
+                found.append(digest.hexdigest())
+            except ValueError:  # more lines or fewer than counted
+                raise self.changed() from None
         return found[0], found[1]
 
 

@@ -21,7 +21,10 @@ from qkv.errors import CheckpointError, ConfigError
 from qkv.training.checkpoint import atomic_write_text
 
 WORD_MARKER = "▁"  # U+2581: replaces the space before each word, as in SentencePiece
-ALPHABET_LIMIT = 1000  # the alphabet keeps this many commonest characters; rarer become <unk>
+ALPHABET_LIMIT = 1000  # the alphabet keeps this many commonest characters (or half the
+# vocabulary, where that is more: Chinese needs thousands); rarer ones become <unk>
+LEARN_CHARS = 20_000  # BPE is learnt from each text's first characters: its time grows with
+# the square of a word's length, and one long enough (a line of 10**6 "x") takes hours
 
 
 def check_vocabulary(vocab_size: int, min_frequency: int) -> None:
@@ -65,7 +68,8 @@ class Tokenizer:
     ) -> Tokenizer:
         """Learns a BPE vocabulary of `vocab_size` ids (special tokens and alphabet included)
         from texts, read once, lazily; pairs seen fewer than `min_frequency` times are never
-        merged, and `lowercase` applies to every later encoding too."""
+        merged, and `lowercase` applies to every later encoding too. Only the first
+        `LEARN_CHARS` characters of a text are learnt from."""
         check_vocabulary(vocab_size, min_frequency)
         steps = [normalizers.NFC()] + ([normalizers.Lowercase()] if lowercase else [])
         hf = HfTokenizer(models.BPE(unk_token=UNK))
@@ -78,10 +82,11 @@ class Tokenizer:
             vocab_size=vocab_size,
             min_frequency=min_frequency,
             special_tokens=list(SPECIAL_TOKENS),
-            limit_alphabet=ALPHABET_LIMIT,
+            limit_alphabet=max(ALPHABET_LIMIT, vocab_size // 2),
             show_progress=False,
         )
-        hf.train_from_iterator(texts, trainer=trainer)  # read in batches, in order
+        cut = (text[:LEARN_CHARS] for text in texts)
+        hf.train_from_iterator(cut, trainer=trainer)  # read in batches, in order
         return cls(hf)
 
     def save(self, path: str | Path) -> None:

@@ -68,6 +68,7 @@ class ClassificationData:
     train_file: str = ""  # JSONL, CSV or TSV (optionally .gz)
     valid_file: str = ""  # empty: hold out valid_fraction of the training file
     valid_fraction: float = 0.1  # share of the training file held out for validation
+    split_seed: int | None = None  # the held-out share's shuffle, the run's first seed
     text_field: str = "text"  # column or key of the text
     label_field: str = "label"  # column or key of the label
     vocab_size: int = 16000  # BPE vocabulary size
@@ -294,9 +295,10 @@ def prepare(
     digests = {"train": text_digest(texts, labels)}
     if not new_run:
         check_same_data(cache_path, {"train": (Path(data.train_file), digests["train"])})
-    if not data.valid_file:
+    if not data.valid_file:  # the same share as the run began with, whatever its seed now
+        data.split_seed = seed if data.split_seed is None else data.split_seed
         texts, labels, valid_texts, valid_labels = _split(
-            data.train_file, texts, labels, data.valid_fraction, seed
+            data.train_file, texts, labels, data.valid_fraction, data.split_seed
         )
     names = data.labels or sorted_labels(labels)
     if len(set(names)) < len(names):
