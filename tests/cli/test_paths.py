@@ -302,6 +302,13 @@ def test_dev_stdout_and_pipes_are_written_as_the_shell_opened_them(
         subprocess.run([*command, "--input", str(source), "--output", "/dev/stdout"],
                        stdout=appended, check=True)  # fmt: skip
     assert log.read_text(encoding="utf-8") == "before\n" + expected
+    grown = tmp_path / "grown.txt"  # `--input F >> F` would read what it writes, forever
+    shutil.copy(source, grown)
+    with grown.open("a") as appended:
+        refused = subprocess.run([*command, "--input", str(grown)], stdout=appended,
+                                 stderr=subprocess.PIPE, text=True, timeout=120)  # fmt: skip
+    assert refused.returncode == 2 and "<stdout>: is the input file" in refused.stderr
+    assert grown.read_bytes() == source.read_bytes()
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     with subprocess.Popen(["cp", str(source), str(fifo)]):

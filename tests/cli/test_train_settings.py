@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from qkv.cli import main
+from qkv.data.cache import open_token_cache
 
 CORPUS = Path(__file__).resolve().parents[1] / "corpus"
 TRANSLATION, LABELLED = CORPUS / "translation" / "good", CORPUS / "labelled" / "good.jsonl"
@@ -77,6 +78,7 @@ def test_translation_settings_out_of_place(
         ("valid_file=v.jsonl valid_fraction=0.2", "--valid-fraction holds out part of --train"),
         ("--valid v.jsonl --valid-fraction 0.2", "--valid-fraction holds out part of --train"),
         ("train_file=other.jsonl", "--train and train_file= both say the same thing"),
+        ("split_seed=-1", "split_seed must be between 0 and 2**63 - 1"),
     ],
 )
 def test_classification_settings_out_of_place(
@@ -85,6 +87,28 @@ def test_classification_settings_out_of_place(
     code, err = qkv(capsys, *classification(tmp_path / "r", *setting.split()))
     assert code == 2 and err.startswith(f"qkv: {message}") and err.count("\n") == 1, err
     assert not (tmp_path / "r").exists()
+
+
+def test_a_run_older_than_split_seed_keeps_its_held_out_share_when_resumed(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The share is drawn again when the cache is gone: by the seed config.json holds, not
+    by a new `seed=`, and that seed is saved."""
+    out = tmp_path / "r"
+    assert qkv(capsys, *classification(out, "--valid-fraction", "0.25", "seed=1"))[0] == 0
+    config = json.loads((out / "config.json").read_text())
+    del config["data"]["split_seed"]  # as a run made before it was kept
+    (out / "config.json").write_text(json.dumps(config))
+    cache = out / "cache" / "tokens.safetensors"
+    before = open_token_cache(cache)
+    assert before is not None
+    held_out = [list(row) for row in before.arrays["valid.ids"]]
+    cache.unlink()
+    code, err = qkv(capsys, "train", "--resume", out, "seed=3", "max_steps=4")
+    assert code == 0, err
+    after = open_token_cache(cache)
+    assert after is not None and [list(row) for row in after.arrays["valid.ids"]] == held_out
+    assert json.loads((out / "config.json").read_text())["data"]["split_seed"] == 1
 
 
 def test_the_data_may_be_named_by_its_setting_alone(

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import gzip
 import io
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
-from qkv.commands.io import input_chunks, output_lines
+from qkv.commands.io import in_place, input_chunks, output_lines
 from qkv.errors import DataError
 
 
@@ -57,3 +58,29 @@ def test_a_failed_write_names_the_output_and_the_block_s_own_errors_pass(tmp_pat
         write(["one"])
         raise OSError("the block's own")  # not a failure to write the output
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_killed_run_s_temporary_output_is_removed_by_the_next(tmp_path: Path) -> None:
+    out = tmp_path / "out.txt"
+    (tmp_path / ".out.txt.k1ll3d.tmp").write_text("part of an output\n")
+    with output_lines(str(out)) as write:
+        write(["one"])
+    assert list(tmp_path.iterdir()) == [out]
+
+
+def test_only_names_of_open_files_are_written_in_place(tmp_path: Path) -> None:
+    """/dev/stdout may be a file the shell opened (`>> log`); a regular file elsewhere under
+    /dev (/dev/shm) is replaced as any other is."""
+    assert in_place(Path("/dev/null")) and in_place(Path(f"/proc/self/fd/{sys.stderr.fileno()}"))
+    regular = tmp_path / "out.txt"
+    regular.write_text("before\n")
+    assert not in_place(regular)
+    if Path("/dev/shm").is_dir():
+        shm = Path("/dev/shm") / f"qkv-test-{os.getpid()}.txt"
+        try:
+            for _ in range(2):
+                with output_lines(str(shm)) as write:
+                    write(["one"])
+            assert not in_place(shm) and shm.read_text() == "one\n"
+        finally:
+            shm.unlink(missing_ok=True)

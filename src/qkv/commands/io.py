@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import glob
 import io
 import json
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -41,11 +43,15 @@ def input_chunks(path: str | None, size: int = CHUNK_LINES) -> Iterator[list[str
     yield from line_chunks("<stdin>", size, allow_empty=True, stream=stream)
 
 
+DESCRIPTOR = re.compile(r"/dev/(stdout|stderr|fd/\d+)|/proc/(self|\d+)/fd/\d+")
+"""Names of a process's open files, which the shell may have opened on a regular file."""
+
+
 def in_place(path: Path) -> bool:
     """Whether `path` is written where it is rather than replaced: a device or pipe, or a
-    name under /dev or /proc (/dev/stdout, which the shell may have opened on a file)."""
-    special = path.absolute().parts[1:2] in (("dev",), ("proc",))
-    return path.exists() and (special or not path.is_file())
+    name of an open file (/dev/stdout, /dev/fd/3: on a file, as the shell opened it)."""
+    named = DESCRIPTOR.fullmatch(os.path.abspath(path)) is not None
+    return path.exists() and (named or not path.is_file())
 
 
 def check_output(path: str | None, source: str | None = None) -> None:
@@ -55,6 +61,8 @@ def check_output(path: str | None, source: str | None = None) -> None:
     if path is None:
         if sys.stdout is None:  # started with stdout closed (`>&-`)
             raise DataError("<stdout>", "closed; give a file with --output FILE")
+        if source and Path(source).exists() and _stdout_is(Path(source)):  # `>> in.txt`
+            raise DataError("<stdout>", "is the input file, which would grow as it is read")
         return
     target = Path(path)
     if target.is_dir():
@@ -75,6 +83,13 @@ def check_output(path: str | None, source: str | None = None) -> None:
         probe.unlink()
     except OSError as error:
         raise DataError(path, f"cannot write ({error.strerror or error})") from None
+
+
+def _stdout_is(path: Path) -> bool:
+    try:
+        return os.path.samestat(os.fstat(sys.stdout.fileno()), path.stat())
+    except (OSError, ValueError, io.UnsupportedOperation):  # no descriptor (a test's stdout)
+        return False
 
 
 @contextmanager
@@ -101,6 +116,9 @@ def output_lines(path: str | None) -> Iterator[Callable[[list[str]], None]]:
         return
     target = given.resolve()
     mode = target.stat().st_mode & 0o7777 if target.is_file() else 0o666 & ~UMASK
+    for left in target.parent.glob(f".{glob.escape(target.name)}.*.tmp"):  # by a killed run
+        with suppress(OSError):
+            left.unlink()
     with _cannot_write(name):
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     handle = os.fdopen(fd, "w", encoding="utf-8")

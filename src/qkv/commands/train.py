@@ -205,6 +205,8 @@ def _resume(run_dir: Path, values: dict[str, str]) -> int:
                     f"place: qkv train --resume {run_dir} {key}=NEW"
                 )
         before = run.train
+        if run.task == "classification" and not run.data.get("valid_file"):
+            run.data.setdefault("split_seed", before.seed)  # a run older than the setting
         run.train, rest = overrides.apply(run.train, values)
         known = [*run.data, *run.model.to_dict(), *run.train.to_dict()]
         if unknown := set(rest) - set(known):

@@ -186,9 +186,9 @@ def translate_hypotheses(
 
 def check_start(start: int) -> None:
     """Raise ConfigError unless `start`, the place of a part's first sentence in the whole
-    input, is a count."""
-    if not (fits(start, int) and start >= 0):
-        raise ConfigError(f"start must be an int >= 0, got {start!r}")
+    input, is a count below 2**63."""
+    if not (fits(start, int) and 0 <= start < 2**63):
+        raise ConfigError(f"start must be an int between 0 and 2**63 - 1, got {start!r}")
 
 
 def sentence_seeds(seed: int, start: int, count: int) -> list[int]:

@@ -107,6 +107,8 @@ class ClassificationData:
                 f"max_len must be at least {1 + self.cls}{extra} and at most {MAX_POSITIONS}, "
                 f"got {self.max_len}"
             )
+        if self.split_seed is not None and not 0 <= self.split_seed < 2**63:
+            raise ConfigError(f"split_seed must be between 0 and 2**63 - 1, got {self.split_seed}")
         if not self.valid_file and not 0 < self.valid_fraction < 1:
             raise ConfigError(
                 f"valid_fraction is the share of the training file held out for validation, "
