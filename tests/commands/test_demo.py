@@ -198,3 +198,23 @@ def test_cli_reports_a_bad_budget_in_one_line(
     error = capsys.readouterr().err
     assert error.count("\n") == 1
     assert "positive, finite time budget" in error
+
+
+def test_a_demo_stopped_before_its_run_is_saved_does_not_stand_in_the_next_one_s_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from qkv.tasks import translation
+
+    def stopped(data: object, model: object, training: object, run_dir: Path) -> None:
+        run_dir.mkdir(parents=True)
+        (run_dir / "tokenizer.json").write_text("{}")  # what a run makes first
+        raise KeyboardInterrupt  # Ctrl-C, before the run saved its settings
+
+    monkeypatch.setattr(translation, "train_translation", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        run_demo(tmp_path / "demo", n_train=20, n_valid=5, n_test=5)
+    assert not (tmp_path / "demo" / "run").exists()
+    left = tmp_path / "killed" / "run"  # SIGKILL: nothing could clean up
+    (left / "cache").mkdir(parents=True)
+    (left / "tokenizer.json").write_text("{}")
+    check_out(tmp_path / "killed")  # a demo may replace it

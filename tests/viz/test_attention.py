@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import stat
+import threading
 import warnings
 from pathlib import Path
 
@@ -11,7 +14,7 @@ import torch
 from matplotlib import image as mpimg
 from matplotlib.figure import Figure
 
-from qkv.errors import QkvError
+from qkv.errors import ConfigError, QkvError
 from qkv.viz import attention
 from qkv.viz.attention import (
     DPI,
@@ -184,3 +187,26 @@ def test_a_short_panel_keeps_its_names_beside_long_ones_that_shrink(
     axes = drawn[0].axes
     assert [t.get_text() for t in axes[0].get_xticklabels()] == source
     assert 0 < len(axes[1].get_xticklabels()) < len(output)  # every k-th named
+
+
+def test_a_pipe_is_written_where_it_is_and_a_link_through(tmp_path: Path) -> None:
+    panels = [panel(ENGLISH, GERMAN, "cross · layer 0 · head 0")]
+    fifo, read = tmp_path / "maps.png", bytearray()
+    os.mkfifo(fifo)
+    reader = threading.Thread(target=lambda: read.extend(fifo.read_bytes()), daemon=True)
+    reader.start()
+    plot_attention(panels, fifo)
+    reader.join(timeout=30)
+    assert read[:8] == PNG_MAGIC and stat.S_ISFIFO(fifo.stat().st_mode)  # not replaced
+    target, link = tmp_path / "target.png", tmp_path / "link.png"
+    link.symlink_to(target)
+    plot_attention(panels, link)
+    assert link.is_symlink() and target.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_dollars_are_drawn_as_dollars_and_pgf_is_not_offered(tmp_path: Path) -> None:
+    panels = [panel(["$5", "and", "$6"], GERMAN, "cross · layer 0 · head 0")]
+    for title in ("It cost $5 and $6", r"x $\notacommand$ y"):  # not TeX: no parse error
+        assert_readable_png(plot_attention(panels, tmp_path / "m.png", title=title))
+    with pytest.raises(ConfigError, match=r"cannot draw a '\.pgf' picture"):
+        plot_attention(panels, tmp_path / "m.pgf")

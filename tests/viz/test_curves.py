@@ -178,3 +178,10 @@ def test_a_run_without_metrics_yet_says_so(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}", encoding="utf-8")
     with pytest.raises(DataError, match="no metrics yet"):
         read_metrics(tmp_path / "metrics.jsonl")
+
+
+def test_a_run_named_with_dollars_is_titled_as_it_is(tmp_path: Path) -> None:
+    run = tmp_path / r"r$\bad$"  # TeX to matplotlib, unless told otherwise: a parse error
+    run.mkdir()
+    path = write_log(run / "metrics.jsonl", synthetic_log("bleu"))
+    assert_readable_png(plot_curves(path, tmp_path / "curves.png"))

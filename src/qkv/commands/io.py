@@ -6,7 +6,6 @@ import glob
 import io
 import json
 import os
-import re
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -16,7 +15,7 @@ from typing import TextIO
 
 from qkv.data.lines import CHUNK_LINES, line_chunks
 from qkv.errors import DataError
-from qkv.training.checkpoint import UMASK, fsync_dir
+from qkv.training.checkpoint import UMASK, fsync_dir, in_place
 
 STREAM = "-"
 """The name that means stdin (as an input) or stdout (as an output), as most tools take it."""
@@ -41,17 +40,6 @@ def input_chunks(path: str | None, size: int = CHUNK_LINES) -> Iterator[list[str
     if not isinstance(stream, io.BufferedReader):  # a stdin replaced by a test, say
         stream = io.BufferedReader(stream)
     yield from line_chunks("<stdin>", size, allow_empty=True, stream=stream)
-
-
-DESCRIPTOR = re.compile(r"/dev/(stdout|stderr|fd/\d+)|/proc/(self|\d+)/fd/\d+")
-"""Names of a process's open files, which the shell may have opened on a regular file."""
-
-
-def in_place(path: Path) -> bool:
-    """Whether `path` is written where it is rather than replaced: a device or pipe, or a
-    name of an open file (/dev/stdout, /dev/fd/3: on a file, as the shell opened it)."""
-    named = DESCRIPTOR.fullmatch(os.path.abspath(path)) is not None
-    return path.exists() and (named or not path.is_file())
 
 
 def check_output(path: str | None, source: str | None = None) -> None:

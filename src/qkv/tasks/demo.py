@@ -146,7 +146,12 @@ def run_demo(
         data_dir=str(data_dir), src="src", tgt="tgt", vocab_size=DEMO_VOCAB, max_len=64
     )
     echo(f"training a small Transformer for {minutes:g} min into {run_dir}")
-    train_translation(data, demo_model(), training, run_dir)
+    try:
+        train_translation(data, demo_model(), training, run_dir)
+    except BaseException:  # Ctrl-C, say: a run not yet saved would stand in the next demo's way
+        if not (run_dir / "config.json").exists():
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
 
     scored = translate_held_out(run_dir, test)
     accuracy = sum(example.correct for example in scored) / len(scored)
@@ -180,12 +185,16 @@ def check_out(out_dir: Path) -> None:
         )
 
 
+UNSAVED = {"tokenizer.json", "cache", ".lock"}
+"""What a run killed before it saved its settings leaves."""
+
+
 def _a_demo_run(run_dir: Path) -> bool:
-    """Whether `run_dir` is empty, or a run the demo trained (wherever it has moved since):
-    the demo's model on the demo's `src`/`tgt` files."""
+    """Whether `run_dir` is empty (or holds what a killed run left, `UNSAVED`), or is a run the
+    demo trained (wherever it has moved since): the demo's model on its `src`/`tgt` files."""
     from qkv.run import RunConfig
 
-    if run_dir.is_dir() and not any(run_dir.iterdir()):
+    if run_dir.is_dir() and {path.name for path in run_dir.iterdir()} <= UNSAVED:
         return True
     try:
         run = RunConfig.load(run_dir)

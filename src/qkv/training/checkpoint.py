@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -70,6 +71,17 @@ def replacing(path: Path) -> Iterator[Path]:
             tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+DESCRIPTOR = re.compile(r"/dev/(stdout|stderr|fd/\d+)|/proc/(self|\d+)/fd/\d+")
+"""Names of a process's open files, which the shell may have opened on a regular file."""
+
+
+def in_place(path: Path) -> bool:
+    """Whether `path` is written where it is rather than replaced: a device or pipe, or a
+    name of an open file (/dev/stdout, /dev/fd/3: on a file, as the shell opened it)."""
+    named = DESCRIPTOR.fullmatch(os.path.abspath(path)) is not None
+    return path.exists() and (named or not path.is_file())
 
 
 def save_tensors(

@@ -21,7 +21,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from qkv.errors import ConfigError, DataError, QkvError, file_in_the_way
-from qkv.training.checkpoint import replacing
+from qkv.training.checkpoint import in_place, replacing
 
 DPI = 110
 MAX_COLUMNS = 4
@@ -172,11 +172,12 @@ def _label_room(across: Sequence[str]) -> float:
 
 @contextmanager
 def _multilingual_text() -> Iterator[None]:
-    """Text drawn with the installed `PREFERRED_FONTS` as fallbacks, without warnings about
-    glyphs no font has."""
+    """Text drawn as it is (a "$" is a dollar, not TeX) with the installed `PREFERRED_FONTS`
+    as fallbacks, without warnings about glyphs no font has."""
     installed = {font.name for font in font_manager.fontManager.ttflist}
     fonts = [name for name in PREFERRED_FONTS if name in installed] or ["sans-serif"]
-    with matplotlib.rc_context({"font.family": fonts}), warnings.catch_warnings():
+    settings = matplotlib.rc_context({"font.family": fonts, "text.parse_math": False})
+    with settings, warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"Glyph .* missing from")
         yield
 
@@ -184,9 +185,11 @@ def _multilingual_text() -> Iterator[None]:
 def save_figure(figure: Figure, out_path: str | Path) -> Path:
     """Writes a figure on an Agg canvas atomically (readers see the old file or the new, never
     half), in the format its suffix names (PNG without one); makes missing parent directories
-    and returns its path."""
+    and returns its path. A device, pipe or open file's name (`in_place`) is written where it
+    is, and a symbolic link through."""
     out_path = Path(out_path)
     kinds = figure.canvas.get_supported_filetypes()
+    kinds.pop("pgf", None)  # LaTeX's, which needs LaTeX installed
     kind = out_path.suffix.lower().removeprefix(".") or "png"
     if kind not in kinds:
         raise ConfigError(
@@ -199,8 +202,13 @@ def save_figure(figure: Figure, out_path: str | Path) -> Path:
     if blocking is not None:
         raise DataError(out_path, f"cannot write: {blocking} is a file, not a directory")
     try:
+        if in_place(out_path):  # a device or pipe, or /dev/stdout: never replaced
+            with open(out_path, "wb") as handle:
+                figure.savefig(handle, format=kind, dpi=DPI)
+            return out_path
         out_path.parent.mkdir(parents=True, exist_ok=True)
-        with replacing(out_path) as temp_path, open(temp_path, "wb") as temp_file:
+        target = out_path.resolve()  # a symbolic link is written through
+        with replacing(target) as temp_path, open(temp_path, "wb") as temp_file:
             figure.savefig(temp_file, format=kind, dpi=DPI)
     except OSError as error:
         raise DataError(out_path, f"cannot write ({error.strerror or error})") from None

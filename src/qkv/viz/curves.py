@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import matplotlib
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -84,6 +85,18 @@ def plot_curves(metrics_path: str | Path, out_path: str | Path) -> Path:
         panels.append("lr")
     panels += _valid_metrics(valid_records)
 
+    with matplotlib.rc_context({"text.parse_math": False}):  # a "$" in a run's name is a "$"
+        return _plotted(panels, train, valid, averaged, Path(metrics_path), out_path)
+
+
+def _plotted(
+    panels: list[str],
+    train: list[dict[str, Any]],
+    valid: list[dict[str, Any]],
+    averaged: list[dict[str, Any]],
+    metrics_path: Path,
+    out_path: str | Path,
+) -> Path:
     n_columns = min(2, len(panels))
     n_rows = math.ceil(len(panels) / n_columns)
     figure = Figure(figsize=(5.5 * n_columns, 3.8 * n_rows), dpi=DPI, layout="constrained")
@@ -102,7 +115,7 @@ def plot_curves(metrics_path: str | Path, out_path: str | Path) -> Path:
             _draw(ax, valid, metric, label=f"valid {name.lower()}", style="o-")
             _draw(ax, averaged, metric, label="checkpoint average", style="*")
             _decorate(ax, name, name.lower())
-    figure.suptitle(Path(metrics_path).parent.name or "training curves")
+    figure.suptitle(metrics_path.parent.name or "training curves")
     return save_figure(figure, out_path)
 
 
