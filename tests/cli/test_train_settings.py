@@ -104,7 +104,8 @@ def test_a_run_older_than_split_seed_keeps_its_held_out_share_when_resumed(
     assert before is not None
     held_out = [list(row) for row in before.arrays["valid.ids"]]
     cache.unlink()
-    code, err = qkv(capsys, "train", "--resume", out, "seed=3", "max_steps=4")
+    with pytest.warns(UserWarning, match="is gone"):
+        code, err = qkv(capsys, "train", "--resume", out, "seed=3", "max_steps=4")
     assert code == 0, err
     after = open_token_cache(cache)
     assert after is not None and [list(row) for row in after.arrays["valid.ids"]] == held_out

@@ -203,7 +203,7 @@ def save_figure(figure: Figure, out_path: str | Path) -> Path:
         raise DataError(out_path, f"cannot write: {blocking} is a file, not a directory")
     try:
         if in_place(out_path):  # a device or pipe, or /dev/stdout: never replaced
-            with open(out_path, "wb") as handle:
+            with open(out_path, "ab") as handle:  # appended to, as the shell opened it
                 figure.savefig(handle, format=kind, dpi=DPI)
             return out_path
         out_path.parent.mkdir(parents=True, exist_ok=True)
