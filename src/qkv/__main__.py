@@ -7,7 +7,7 @@ import sys
 from qkv.cli import main
 
 code = main()
-if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # `distributed.launched()`, not importing torch
     # One of torchrun's processes, its process group destroyed: end without the interpreter's
     # teardown, in which torch 2.15's gloo threads could abort it after its message was given.
     for stream in (sys.stdout, sys.stderr):

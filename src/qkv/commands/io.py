@@ -9,7 +9,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
 from typing import TextIO
 
@@ -134,11 +134,8 @@ def _cannot_write(name: str) -> Iterator[None]:
 
 
 def _write(handle: TextIO, lines: list[str], name: str) -> None:
-    if name == "<stdout>":  # a closed pipe, say: the command line's own handling
-        handle.write("".join(line + "\n" for line in lines))
-        handle.flush()
-        return
-    with _cannot_write(name):
+    # stdout's errors (a closed pipe, say) are left to the command line's own handling.
+    with nullcontext() if name == "<stdout>" else _cannot_write(name):
         handle.write("".join(line + "\n" for line in lines))
         handle.flush()
 

@@ -180,6 +180,7 @@ class Translator:
         options: dict[str, float | int | bool],
     ) -> list[list[Hypothesis]]:
         sentences = texts_list(sentences, "sentences")
+        check_start(start)  # before any work, for either engine (CTranslate2 has no use for it)
         if unknown := [name for name in options if name not in DecodeOptions.__dataclass_fields__]:
             raise TypeError(_unknown_option(unknown[0]))
         if beam_size is not None or not options.get("sampling"):
@@ -189,7 +190,6 @@ class Translator:
         # Warnings name the line that called `translate` or `hypotheses`, 4 frames up.
         sources = self.encode(texts, stacklevel=4, start=start)
         if self.engine is not None:
-            check_start(start)  # which CTranslate2, seeded a call, has no use for
             found = self.engine.translate_hypotheses(sources, decode, n_best)
             if callable(progress):
                 progress(len(sources))
